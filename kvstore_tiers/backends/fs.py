@@ -1,0 +1,291 @@
+"""The fs backend: one file per block under a local or shared directory.
+
+Layout: ``<root_dir>/<namespace>/<hash[:3]>/<hash[3:5]>_g<group>/<hash>.kvf``
+plus ``<root_dir>/<namespace>/config.json`` (vLLM's FileMapper run config),
+so no directory holds more than a handful of files even with millions of
+blocks.
+
+* Atomic publish: a frame is written to a unique temp file in the target
+  directory and renamed into place; readers never see a torn file, and
+  concurrent writers of the same (content-addressed) key are harmless.
+* O_DIRECT where the filesystem accepts it (probed at startup; overlayfs,
+  tmpfs and NFS answer EINVAL, and we fall back to buffered I/O). Frames are
+  written with a 4096-byte header so an uncompressed payload lands, page
+  aligned, straight in the primary row with one ``readv``.
+* Capacity: ``max_bytes`` and/or ``min_free_bytes``, enforced by
+  :mod:`kvstore_tiers.backends.fs_capacity`.
+* Errors: a missing file is ObjectMissing; a short or malformed file is
+  ObjectCorrupt; any other OSError (ENOSPC, EACCES, EIO) is TransientError.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import mmap
+import os
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from kvstore_tiers.backends.base import Backend, Buffer, LoadItem, ObjectInfo, StoreItem
+from kvstore_tiers.codecs import CodecId
+from kvstore_tiers.config import TierConfig
+from kvstore_tiers.errors import ConfigError, ObjectCorrupt, ObjectMissing, TransientError
+from kvstore_tiers.frame import FrameCodec, check_header, parse_header
+
+logger = logging.getLogger(__name__)
+
+PAGE = mmap.PAGESIZE
+O_DIRECT = getattr(os, "O_DIRECT", 0)
+SUFFIX = ".kvf"
+
+
+class FsConfig(TierConfig):
+    """Keys of the fs tier. Also accepts every key of vLLM's stock fs tier."""
+
+    root_dir: str = Field(description="Directory holding the blocks (created if missing).")
+    max_bytes: int | None = Field(
+        None, gt=0, description="Cap on bytes on disk under root_dir for this namespace; "
+        "LRU eviction between high and low watermarks keeps usage below it.",
+    )
+    min_free_bytes: int | None = Field(
+        None, ge=0, description="Free-space floor of the filesystem; eviction keeps it free.",
+    )
+    high_watermark: float = Field(0.95, gt=0, le=1, description="Evict above this fraction.")
+    low_watermark: float = Field(0.85, gt=0, le=1, description="Evict down to this fraction.")
+    o_direct: bool = Field(True, description="Use O_DIRECT where the filesystem supports it.")
+
+
+def _classify_oserror(exc: OSError, path: str) -> Exception:
+    if exc.errno == errno.ENOENT:
+        return ObjectMissing(path)
+    return TransientError(f"{os.strerror(exc.errno or 0)} ({exc.errno}) on {path}")
+
+
+def probe_o_direct(directory: str) -> bool:
+    """True if an aligned O_DIRECT write works in ``directory``."""
+    if not O_DIRECT:
+        return False
+    path = os.path.join(directory, f".o_direct_probe_{uuid.uuid4().hex}")
+    page = mmap.mmap(-1, PAGE)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_EXCL | O_DIRECT, 0o644)
+        try:
+            os.write(fd, page)
+        finally:
+            os.close(fd)
+        return True
+    except OSError:
+        return False
+    finally:
+        page.close()
+        with contextlib.suppress(OSError):
+            os.remove(path)
+
+
+class FileSystemBackend(Backend):
+    name = "fs"
+    config_model = FsConfig
+    remote = False
+    header_align = PAGE
+    max_batch = 1
+
+    def __init__(self, config: FsConfig, namespace: Any) -> None:
+        super().__init__(config, namespace)
+        self.root = Path(config.root_dir).expanduser().resolve()
+        self.base = self.root / namespace.name
+        self.use_o_direct = False
+        self._local = threading.local()
+        self.capacity: Any = None
+
+    # -- lifecycle ---------------------------------------------------------------
+    def open(self) -> None:
+        try:
+            self.base.mkdir(parents=True, exist_ok=True)
+            cfg_path = self.base / "config.json"
+            if not cfg_path.exists():
+                tmp = cfg_path.with_name(f".config.json.{uuid.uuid4().hex}")
+                tmp.write_text(json.dumps(self.namespace.run_config, indent=2, sort_keys=True))
+                os.replace(tmp, cfg_path)
+            probe = self.base / f".write_probe_{uuid.uuid4().hex}"
+            probe.write_bytes(b"ok")
+            probe.unlink()
+        except OSError as exc:
+            raise ConfigError(
+                f"fs tier: key 'root_dir': cannot use {str(self.root)!r}: {exc.strerror or exc}"
+            ) from None
+        self.use_o_direct = self.config.o_direct and probe_o_direct(str(self.base))
+        if self.config.o_direct and not self.use_o_direct:
+            logger.info("fs tier: O_DIRECT not supported under %s; using buffered I/O", self.root)
+        if self.config.max_bytes is not None or self.config.min_free_bytes is not None:
+            from kvstore_tiers.backends.fs_capacity import CapacityController
+
+            self.capacity = CapacityController(self.base, self.config, self._on_evicted)
+            self.capacity.start()
+
+    def close(self) -> None:
+        if self.capacity is not None:
+            self.capacity.stop()
+            self.capacity = None
+
+    def describe(self) -> str:
+        cap = f", max_bytes={self.config.max_bytes}" if self.config.max_bytes else ""
+        return f"fs root_dir={self.root} (O_DIRECT {'on' if self.use_o_direct else 'off'}{cap})"
+
+    def _on_evicted(self, n_objects: int) -> None:
+        self.evicted_objects += n_objects
+
+    # -- paths -------------------------------------------------------------------
+    def path(self, name: str) -> str:
+        return str(self.root / name)
+
+    def _header_buf(self) -> mmap.mmap:
+        buf = getattr(self._local, "hdr", None)
+        if buf is None:
+            buf = self._local.hdr = mmap.mmap(-1, PAGE)  # page aligned, for O_DIRECT
+        return buf
+
+    # -- bytes -------------------------------------------------------------------
+    def put(self, name: str, parts: Sequence[Buffer]) -> bool:
+        path = self.path(name)
+        if os.path.exists(path):
+            return False
+        aligned = self.use_o_direct and all(len(p) % PAGE == 0 for p in parts)
+        return self._publish(path, parts, aligned)
+
+    def _publish(self, path: str, parts: Sequence[Buffer], o_direct: bool) -> bool:
+        tmp = f"{path}.{uuid.uuid4().hex[:16]}.tmp"
+        flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | (O_DIRECT if o_direct else 0)
+        total = sum(len(p) for p in parts)
+        try:
+            try:
+                fd = os.open(tmp, flags, 0o644)
+            except FileNotFoundError:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = os.open(tmp, flags, 0o644)
+            try:
+                written = os.writev(fd, list(parts))
+                if written != total:
+                    raise OSError(errno.EIO, f"short write ({written} of {total} bytes)")
+            finally:
+                os.close(fd)
+            os.replace(tmp, path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise _classify_oserror(exc, path) from exc
+        if self.capacity is not None:
+            self.capacity.on_written(total)
+        return True
+
+    def get(self, name: str) -> bytes:
+        path = self.path(name)
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except OSError as exc:
+            raise _classify_oserror(exc, path) from exc
+
+    def exists_many(self, names: Sequence[str]) -> list[bool]:
+        return [os.path.exists(self.path(n)) for n in names]
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path(name))
+
+    def iter_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        start = self.root / prefix if prefix else self.root
+        for dirpath, _dirs, files in os.walk(start):
+            for fn in files:
+                if not fn.endswith(SUFFIX):
+                    continue
+                full = os.path.join(dirpath, fn)
+                try:
+                    st = os.stat(full)
+                except FileNotFoundError:
+                    continue
+                yield ObjectInfo(os.path.relpath(full, self.root), st.st_size, st.st_mtime)
+
+    def touch_many(self, names: Sequence[str]) -> None:
+        for n in names:
+            with contextlib.suppress(OSError):
+                os.utime(self.path(n))
+
+    # -- frames: zero-copy paths -------------------------------------------------
+    def store_one(self, item: StoreItem, codec: FrameCodec) -> bool:
+        path = self.path(item.name)
+        if os.path.exists(path):
+            return False
+        header, payload = codec.encode(item.key, item.src)
+        item.stored_len = len(header) + len(payload)
+        if self.use_o_direct and len(header) == PAGE and len(payload) % PAGE == 0 \
+                and isinstance(payload, memoryview):
+            # Raw payload straight from the page-aligned primary row.
+            hdr = self._header_buf()
+            hdr[:] = header
+            return self._publish(path, (hdr, payload), o_direct=True)
+        return self._publish(path, (header, payload), o_direct=False)
+
+    def load_one(self, item: LoadItem, codec: FrameCodec) -> None:
+        path = self.path(item.name)
+        dest = item.dest
+        hdr = self._header_buf()
+        direct = self.use_o_direct and len(dest) % PAGE == 0
+        try:
+            fd = os.open(path, os.O_RDONLY | (O_DIRECT if direct else 0))
+        except OSError as exc:
+            raise _classify_oserror(exc, path) from exc
+        try:
+            try:
+                # Our own frames: a 4096-byte header then, uncompressed, the row
+                # itself -- one vectored read puts the payload where it belongs.
+                n = os.readv(fd, [hdr, dest])
+                size = os.fstat(fd).st_size
+            except OSError as exc:
+                raise _classify_oserror(exc, path) from exc
+            header = parse_header(memoryview(hdr)[: min(n, PAGE)])
+            check_header(header, key=item.key, namespace=codec.namespace, raw_len=len(dest))
+            if size != header.total_len:
+                raise ObjectCorrupt(f"object is {size} bytes, frame says {header.total_len}")
+            item.stored_len = size
+            if header.codec == CodecId.NONE and header.header_len == PAGE:
+                if n != PAGE + len(dest):
+                    raise ObjectCorrupt(f"short read ({n} bytes)")
+                codec.verify(header, dest)
+                self._mark_used(path)
+                return
+        finally:
+            os.close(fd)
+        # A compressed frame: read its payload and decode it into the row.
+        payload = self._pread_buffered(path, header.stored_len, header.header_len)
+        if len(payload) != header.stored_len:
+            raise ObjectCorrupt("truncated payload")
+        codec.decode_payload_into(header, payload, dest)
+        self._mark_used(path)
+
+    def _mark_used(self, path: str) -> None:
+        # LRU for the capacity controller: mtime is "last used" (atime is
+        # unreliable under relatime/noatime mounts).
+        if self.capacity is not None:
+            with contextlib.suppress(OSError):
+                os.utime(path)
+
+    @staticmethod
+    def _pread_buffered(path: str, length: int, offset: int) -> bytes:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise _classify_oserror(exc, path) from exc
+        try:
+            return os.pread(fd, length, offset)
+        except OSError as exc:
+            raise _classify_oserror(exc, path) from exc
+        finally:
+            os.close(fd)

@@ -1,0 +1,35 @@
+"""The ``kvstore-tiers`` command line (click).
+
+Each sub-command lives in its own module of this package and is added to the
+group here, so a command's imports (vLLM, torch, boto3, ...) load only when
+that command runs.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# name -> "module:attribute" of a click command; imported lazily.
+_COMMANDS: dict[str, str] = {
+    "demo": "kvstore_tiers.cli.demo:demo",
+}
+
+
+class _LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(_COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = _COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module_name, attr = target.split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+
+@click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="kvstore-tiers")
+def main() -> None:
+    """FileSystem, S3 and Redis secondary tiers for vLLM's KV offloading."""

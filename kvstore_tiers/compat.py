@@ -1,0 +1,48 @@
+"""What differs between the vLLM versions we support (0.32, 0.33).
+
+Everything version-dependent that a tier touches is imported or probed here
+once, so the rest of the package is written against one API.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+
+def vllm_version() -> str:
+    try:
+        import vllm
+
+        return str(vllm.__version__)
+    except Exception:  # pragma: no cover - vLLM not importable
+        return "unknown"
+
+
+def detector_accepts_failure_threshold() -> bool:
+    """0.33's EMABackpressureDetector takes ``failure_threshold``; 0.32's raises on it."""
+    try:
+        from vllm.v1.kv_offload.tiering.backpressure import EMABackpressureDetector
+
+        return "failure_threshold" in inspect.signature(EMABackpressureDetector).parameters
+    except Exception:
+        return False
+
+
+def make_default_remote_detector(tier_type: str, failure_threshold: int) -> Any | None:
+    """An EMA backpressure detector with network water marks for a remote tier.
+
+    vLLM's defaults are keyed on the type string ("fs"/"obj" get a failure
+    threshold, "s3"/"redis" do not), so remote tiers that were given no
+    ``backpressure`` dict get this one. None if vLLM has no such class.
+    """
+    try:
+        from vllm.v1.kv_offload.tiering.backpressure import EMABackpressureDetector
+    except Exception:
+        return None
+    kwargs: dict[str, Any] = dict(EMABackpressureDetector.default_config("obj", locality="REMOTE"))
+    if detector_accepts_failure_threshold():
+        kwargs["failure_threshold"] = failure_threshold
+    else:
+        kwargs.pop("failure_threshold", None)
+    return EMABackpressureDetector(**kwargs)

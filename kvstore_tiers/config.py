@@ -1,0 +1,82 @@
+"""Tier configuration: the keys every tier accepts, validated with pydantic.
+
+pydantic (already a vLLM dependency) gives typed, documented models and
+errors that say which key is wrong; :func:`validate_config` turns them into
+one :class:`~kvstore_tiers.errors.ConfigError` whose message names the tier
+type and every offending key, raised at engine startup.
+
+Each backend declares a subclass of :class:`TierConfig` with its own keys.
+Secrets are :class:`pydantic.SecretStr`, so they never appear in a repr or a
+validation message.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kvstore_tiers.errors import ConfigError
+
+Compression = Literal["none", "zstd", "kvsplit", "auto"]
+
+
+class TierConfig(BaseModel):
+    """Keys accepted by every kvstore_tiers tier (in ``secondary_tiers[i]``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, hide_input_in_errors=True)
+
+    compression: Compression = Field(
+        "auto",
+        description="Payload codec. auto: none for local backends, kvsplit for remote "
+        "ones when the KV dtype is 2 bytes wide (zstd otherwise).",
+    )
+    n_read_threads: int = Field(8, ge=1, le=256, description="Load-priority I/O threads.")
+    n_write_threads: int = Field(4, ge=1, le=256, description="Store-priority I/O threads.")
+    max_queued_chunks: int = Field(
+        65536, ge=1,
+        description="Bound on chunks queued in the I/O pool; a job that does not fit fails.",
+    )
+    presence_capacity: int = Field(
+        1_000_000, ge=0,
+        description="Keys remembered as stored by this process (answered HIT without I/O).",
+    )
+    enable_kv_events: bool = Field(
+        False, description="Emit BlockStored events (needs KV events enabled globally)."
+    )
+    locality: Literal["LOCAL", "REMOTE"] | None = Field(
+        None, description="Locality reported to vLLM; default LOCAL for fs, REMOTE otherwise."
+    )
+    load_timeout_s: float | None = Field(
+        None, gt=0, description="Deadline of one load job; past it the job fails (recompute)."
+    )
+    failure_threshold: int = Field(
+        5, ge=1, description="Consecutive backend failures that open the circuit breaker."
+    )
+    breaker_cooldown_s: float = Field(
+        5.0, gt=0, description="Seconds the circuit stays open before a half-open probe."
+    )
+    namespace_salt: str | None = Field(
+        None, description="Extra string mixed into the namespace (tenant isolation)."
+    )
+
+
+C = TypeVar("C", bound=TierConfig)
+
+
+def validate_config(model: type[C], tier_type: str, values: dict[str, Any]) -> C:
+    """Validate ``values`` against ``model``; raise ConfigError naming every bad key."""
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "<config>"
+            msg = err["msg"]
+            if err["type"] == "extra_forbidden":
+                allowed = ", ".join(sorted(model.model_fields))
+                msg = f"unknown key (accepted keys: {allowed})"
+            problems.append(f"key '{loc}': {msg}")
+        raise ConfigError(
+            f"invalid config for secondary tier '{tier_type}': " + "; ".join(problems)
+        ) from None

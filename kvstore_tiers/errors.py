@@ -1,0 +1,42 @@
+"""Error classes shared by the core and every backend.
+
+A backend raises exactly one of three kinds of error, and the core decides
+what each one means for vLLM:
+
+* :class:`ObjectMissing` -- the object is not there (never stored, evicted,
+  expired). A load of it is a per-key miss; nothing is logged as an error.
+* :class:`ObjectCorrupt` -- the object is there but unusable (bad frame,
+  checksum mismatch, wrong length, another namespace's object). A miss, the
+  object is removed, and the corruption counter goes up.
+* :class:`TransientError` -- the backend could not answer now (timeout,
+  connection reset, 5xx, OOM reply, ENOSPC, EIO). A failed job; the object,
+  if any, is left alone and the tier's health tracks it.
+
+Anything else a backend raises is treated as transient.
+"""
+
+from __future__ import annotations
+
+
+class KVStoreError(Exception):
+    """Base class of every error raised by kvstore_tiers."""
+
+
+class ConfigError(KVStoreError, ValueError):
+    """A tier configuration is invalid. The message names the offending key."""
+
+
+class BackendError(KVStoreError):
+    """Base class of the errors a backend raises from its data methods."""
+
+
+class ObjectMissing(BackendError):
+    """The object does not exist on the backend."""
+
+
+class ObjectCorrupt(BackendError):
+    """The object exists but is not a valid frame for the expected key."""
+
+
+class TransientError(BackendError):
+    """The backend failed for a reason that may pass (I/O, network, capacity)."""

@@ -1,0 +1,181 @@
+"""The self-describing, checksummed frame every stored object is wrapped in.
+
+Layout (little-endian), ``HEADER_FIXED`` = 64 bytes followed by the key::
+
+    off  size  field
+      0     4  magic            b"KVTF"
+      4     2  format version   1
+      6     1  codec            CodecId (0 none, 1 zstd, 2 kvsplit)
+      7     1  flags            reserved, 0
+      8     4  header_len       bytes before the payload (fixed + key + padding)
+     12     2  key_len          length of the block key that follows
+     14     2  reserved         0
+     16     8  raw_len          length of the raw KV row
+     24     8  stored_len       length of the payload as stored
+     32     8  checksum         xxh3-64 of the raw row (before encoding)
+     40    16  namespace        first 16 bytes of the namespace digest
+     56     8  created_ms       writer's wall clock, ms since the epoch
+     64     *  key              the vLLM OffloadKey (block hash + group index)
+      *     *  padding          zeros up to header_len
+            *  payload          stored_len bytes
+
+``header_len`` is chosen by the writer: the fs backend pads the header to a
+page (4096 bytes) so that with ``codec=none`` the payload can be read with
+O_DIRECT straight into a page-aligned primary row; remote backends pad to 8.
+
+A reader checks every field against what it expects (magic, version, codec,
+lengths, key, namespace) and the checksum of the decoded bytes; any mismatch
+is :class:`~kvstore_tiers.errors.ObjectCorrupt`, so wrong bytes are never
+declared loaded.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass
+
+import xxhash
+
+from kvstore_tiers.codecs import CodecId, CodecSet
+from kvstore_tiers.errors import ObjectCorrupt
+
+MAGIC = b"KVTF"
+VERSION = 1
+NAMESPACE_DIGEST_BYTES = 16
+_FIXED = struct.Struct("<4sHBBIHHQQQ16sQ")
+HEADER_FIXED = _FIXED.size  # 64
+assert HEADER_FIXED == 64
+
+
+def checksum(data: bytes | memoryview) -> int:
+    """xxh3-64 of ``data`` (the frame's payload checksum)."""
+    return xxhash.xxh3_64_intdigest(data)
+
+
+@dataclass(frozen=True, slots=True)
+class FrameHeader:
+    """A parsed frame header."""
+
+    codec: int
+    header_len: int
+    raw_len: int
+    stored_len: int
+    checksum: int
+    namespace: bytes
+    created_ms: int
+    key: bytes
+
+    @property
+    def total_len(self) -> int:
+        return self.header_len + self.stored_len
+
+
+def header_length(key_len: int, align: int) -> int:
+    """Header length for a key of ``key_len`` bytes, padded to ``align``."""
+    n = HEADER_FIXED + key_len
+    return (n + align - 1) // align * align
+
+
+def pack_header(
+    *,
+    codec: CodecId,
+    key: bytes,
+    namespace: bytes,
+    raw_len: int,
+    stored_len: int,
+    raw_checksum: int,
+    align: int = 8,
+    created_ms: int | None = None,
+) -> bytearray:
+    """Build a header (padded to ``align``) for a payload."""
+    if len(namespace) != NAMESPACE_DIGEST_BYTES:
+        raise ValueError("namespace digest must be 16 bytes")
+    hlen = header_length(len(key), align)
+    buf = bytearray(hlen)
+    _FIXED.pack_into(
+        buf, 0, MAGIC, VERSION, int(codec), 0, hlen, len(key), 0,
+        raw_len, stored_len, raw_checksum, namespace,
+        int(time.time() * 1000) if created_ms is None else created_ms,
+    )
+    buf[HEADER_FIXED : HEADER_FIXED + len(key)] = key
+    return buf
+
+
+def parse_header(buf: bytes | memoryview) -> FrameHeader:
+    """Parse the header at the start of ``buf``; raises ObjectCorrupt if it is not one."""
+    if len(buf) < HEADER_FIXED:
+        raise ObjectCorrupt(f"object of {len(buf)} bytes is shorter than a frame header")
+    (magic, version, codec, _flags, hlen, key_len, _r, raw_len, stored_len, csum, ns,
+     created) = _FIXED.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise ObjectCorrupt("not a kvstore-tiers frame (bad magic)")
+    if version != VERSION:
+        raise ObjectCorrupt(f"unsupported frame version {version}")
+    if hlen < HEADER_FIXED + key_len or len(buf) < HEADER_FIXED + key_len:
+        raise ObjectCorrupt("truncated frame header")
+    key = bytes(buf[HEADER_FIXED : HEADER_FIXED + key_len])
+    return FrameHeader(codec, hlen, raw_len, stored_len, csum, ns, created, key)
+
+
+def check_header(header: FrameHeader, *, key: bytes, namespace: bytes, raw_len: int) -> None:
+    """Raise ObjectCorrupt unless ``header`` is the frame of ``key`` in ``namespace``."""
+    if header.namespace != namespace:
+        raise ObjectCorrupt("frame belongs to another namespace")
+    if header.key != key:
+        raise ObjectCorrupt("frame belongs to another key")
+    if header.raw_len != raw_len:
+        raise ObjectCorrupt(f"frame holds {header.raw_len} raw bytes, expected {raw_len}")
+    if header.codec == CodecId.NONE and header.stored_len != raw_len:
+        raise ObjectCorrupt("raw frame has a payload of the wrong length")
+
+
+class FrameCodec:
+    """Encodes rows into frames and decodes frames into rows, for one thread.
+
+    ``encode`` returns ``(header, payload)`` as two buffers so a backend can
+    write them with one vectored call and no concatenation copy.
+    """
+
+    def __init__(self, namespace: bytes, codec: CodecId, header_align: int = 8) -> None:
+        self.namespace = namespace
+        self.codec = codec
+        self.header_align = header_align
+        self._codecs = CodecSet()
+
+    def encode(self, key: bytes, raw: memoryview) -> tuple[bytearray, bytes | memoryview]:
+        raw_sum = checksum(raw)
+        codec, payload = self._codecs.encode(self.codec, raw)
+        header = pack_header(
+            codec=codec, key=key, namespace=self.namespace, raw_len=len(raw),
+            stored_len=len(payload), raw_checksum=raw_sum, align=self.header_align,
+        )
+        return header, payload
+
+    def decode_into(self, key: bytes, frame: bytes | memoryview, dest: memoryview) -> FrameHeader:
+        """Decode a whole frame (header + payload) of ``key`` into ``dest``.
+
+        On success ``dest`` holds the verified raw bytes. On
+        :class:`ObjectCorrupt` ``dest`` may hold garbage and must not be used.
+        """
+        header = parse_header(frame)
+        check_header(header, key=key, namespace=self.namespace, raw_len=len(dest))
+        if len(frame) != header.total_len:
+            raise ObjectCorrupt(
+                f"object is {len(frame)} bytes, frame says {header.total_len} (truncated?)"
+            )
+        self.decode_payload_into(header, memoryview(frame)[header.header_len :], dest)
+        return header
+
+    def decode_payload_into(
+        self, header: FrameHeader, payload: bytes | memoryview, dest: memoryview
+    ) -> None:
+        """Decode a checked header's payload into ``dest`` and verify its checksum."""
+        self._codecs.decode_into(header.codec, payload, dest)
+        self.verify(header, dest)
+
+    @staticmethod
+    def verify(header: FrameHeader, dest: memoryview) -> None:
+        """Raise ObjectCorrupt unless ``dest`` matches the header's checksum."""
+        if checksum(dest) != header.checksum:
+            raise ObjectCorrupt("checksum mismatch")

@@ -1,0 +1,84 @@
+"""A per-tier circuit breaker, driven from the scheduler thread.
+
+After ``threshold`` consecutive failed jobs (transient backend errors) the
+circuit opens: lookups miss at once and stores are dropped and counted,
+so a dead backend costs vLLM nothing but recomputation. After ``cooldown_s``
+one job is let through as a half-open probe; its success closes the circuit,
+its failure opens it again.
+
+Only the scheduler thread calls it (lookup, submit, get_finished_jobs), so it
+needs no lock.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from collections.abc import Callable
+
+logger = logging.getLogger(__name__)
+
+
+class BreakerState(enum.IntEnum):
+    CLOSED = 0
+    HALF_OPEN = 1
+    OPEN = 2
+
+
+class CircuitBreaker:
+    def __init__(
+        self, name: str, threshold: int, cooldown_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.name = name
+        self.threshold = threshold
+        self.cooldown_s = cooldown_s
+        self._clock = clock
+        self.state = BreakerState.CLOSED
+        self._failures = 0
+        self._opened_at = 0.0
+        self._probe_out = False
+        self.times_opened = 0
+
+    def allow(self) -> bool:
+        """May a job be sent to the backend now? (Consumes the half-open probe.)"""
+        if self.state is BreakerState.CLOSED:
+            return True
+        if self.state is BreakerState.OPEN and self._clock() - self._opened_at >= self.cooldown_s:
+            self.state = BreakerState.HALF_OPEN
+            self._probe_out = False
+        if self.state is BreakerState.HALF_OPEN and not self._probe_out:
+            self._probe_out = True
+            return True
+        return False
+
+    @property
+    def is_open(self) -> bool:
+        """True while lookups should miss without asking the backend."""
+        return self.state is not BreakerState.CLOSED and not (
+            self.state is BreakerState.OPEN
+            and self._clock() - self._opened_at >= self.cooldown_s
+        )
+
+    def record(self, success: bool) -> None:
+        if success:
+            if self.state is not BreakerState.CLOSED:
+                logger.warning("kvstore tier %s: backend healthy again; circuit closed", self.name)
+            self.state = BreakerState.CLOSED
+            self._failures = 0
+            return
+        self._failures += 1
+        if self.state is BreakerState.HALF_OPEN or (
+            self.state is BreakerState.CLOSED and self._failures >= self.threshold
+        ):
+            if self.state is BreakerState.CLOSED:
+                self.times_opened += 1
+                logger.warning(
+                    "kvstore tier %s: %d consecutive backend failures; circuit open "
+                    "(lookups miss, stores are dropped) for %.1fs",
+                    self.name, self._failures, self.cooldown_s,
+                )
+            self.state = BreakerState.OPEN
+            self._opened_at = self._clock()
+            self._probe_out = False
