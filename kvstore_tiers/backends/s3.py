@@ -1,0 +1,393 @@
+"""The s3 backend: one S3 object per block, on AWS S3 or any S3-compatible server.
+
+Layout: ``s3://<bucket>/<prefix><namespace>/<hash[:3]>/<hash[3:5]>_g<g>/<hash>.kvf``
+(:meth:`Namespace.object_name`), plus ``<prefix><namespace>/config.json``
+describing the namespace. The two hash-derived levels spread keys across
+S3's per-prefix request-rate partitions.
+
+Data path (put/get/exists/delete): aiobotocore on ONE event-loop thread
+owned by the backend. The core's I/O pool threads call the synchronous
+methods below, which submit a coroutine to that loop and wait for it with a
+deadline (``request_deadline_s``). An ``asyncio.Semaphore`` of
+``max_concurrency`` bounds the requests in flight, so hundreds of requests
+overlap without a thread each. ``max_batch`` chunks reach one pool task and
+go out concurrently (``store_many``/``load_many``/``exists_many`` gather).
+Frame encoding and decoding stay on the pool threads (zstd and xxh3 release
+the GIL), the loop thread only does HTTP. docs/s3.md has the measurement
+behind this choice (boto3 on threads vs aiobotocore on the same server).
+
+Admin paths (startup probe, bucket creation, lifecycle, listing, gc) use
+boto3: :mod:`kvstore_tiers.backends.s3_admin`.
+
+* Atomic publish: one PutObject per block; S3 makes an object visible only
+  once whole. With ``If-None-Match: *`` (probed at startup) an existing
+  object is never rewritten: 412 means "already there" and put returns
+  False. A server that answers 501/NotImplemented to the header is
+  remembered and plain PUTs are used from then on (blocks are
+  content-addressed, so a rewrite is harmless, only wasted bandwidth).
+  Frames are megabytes, far below the 5 GiB single-PUT limit, so there is
+  no multipart path.
+* Errors: 404 on GET -> ObjectMissing; a frame that does not check out is
+  ObjectCorrupt (raised by the core's codec; the core deletes the object).
+  5xx, SlowDown/throttling, resets and timeouts are retried by botocore's
+  retry config (``retry_mode``, ``max_attempts``), then -> TransientError,
+  as is a batch that passes ``request_deadline_s``. A short
+  ``connect_timeout_s`` makes a dead endpoint fail fast; aiohttp opens new
+  connections on the next request, so the client recovers by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections import Counter
+from collections.abc import Coroutine, Iterator, Sequence
+from typing import Any, TypeVar
+
+from kvstore_tiers.backends.base import (
+    Backend,
+    Buffer,
+    LoadItem,
+    ObjectInfo,
+    StoreItem,
+    classify,
+)
+from kvstore_tiers.backends.s3_admin import (
+    MAX_SINGLE_PUT,
+    GcResult,
+    S3Config,
+    client_config,
+    client_kwargs,
+    error_code,
+    put_extra_args,
+    scrub,
+)
+from kvstore_tiers.backends.s3_admin import gc as _gc
+from kvstore_tiers.backends.s3_admin import install_lifecycle as _install_lifecycle
+from kvstore_tiers.backends.s3_admin import iter_objects as _iter_objects
+from kvstore_tiers.backends.s3_admin import probe as _probe
+from kvstore_tiers.errors import ObjectMissing, TransientError
+from kvstore_tiers.frame import FrameCodec
+from kvstore_tiers.ratelimit import RateLimitedLogger
+
+__all__ = ["GcResult", "S3Backend", "S3Config", "gc", "install_lifecycle"]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+gc = _gc
+install_lifecycle = _install_lifecycle
+
+_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+
+
+class _Unconditional(Exception):
+    """The server refused If-None-Match; retry the PUT without it."""
+
+
+class S3Backend(Backend):
+    """Blocks as S3 objects. Thread-safe: every data method may be called concurrently."""
+
+    name = "s3"
+    config_model = S3Config
+    remote = True
+    header_align = 8
+    #: Chunks per pool task: sent as one concurrent batch on the loop.
+    max_batch = 16
+
+    def __init__(self, config: S3Config, namespace: Any) -> None:
+        super().__init__(config, namespace)
+        self.config: S3Config = config
+        self.bucket = config.bucket
+        self.prefix = config.key_prefix
+        self.conditional_put = config.conditional_put
+        self._put_extra = put_extra_args(config)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._client: Any = None
+        self._client_ctx: Any = None
+        self._sem: asyncio.Semaphore | None = None
+        #: HTTP requests sent by the data path (retries included), by operation.
+        self.requests: Counter[str] = Counter()
+        self._warn = RateLimitedLogger(logger, interval_s=30.0)
+
+    # -- lifecycle ---------------------------------------------------------------
+    def open(self) -> None:
+        """Probe endpoint/credentials/bucket (boto3), then start the loop and client."""
+        ns = self.namespace
+        result = _probe(self.config, getattr(ns, "name", None), getattr(ns, "run_config", None))
+        self.conditional_put = result.conditional_put
+        self._start_loop()
+        try:
+            self._run(self._open_client(), timeout=30.0)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def main() -> None:
+            asyncio.set_event_loop(loop)
+            loop.call_soon(ready.set)
+            loop.run_forever()
+            # Stopped by close(): let cancelled tasks unwind, then close.
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
+
+        self._loop = loop
+        self._thread = threading.Thread(target=main, name="kvstore_s3_loop", daemon=True)
+        self._thread.start()
+        ready.wait()
+
+    async def _open_client(self) -> None:
+        from aiobotocore.config import AioConfig
+        from aiobotocore.session import AioSession
+
+        session = AioSession(profile=self.config.profile)
+        self._client_ctx = session.create_client(
+            "s3", config=AioConfig(**client_config(self.config)), **client_kwargs(self.config)
+        )
+        self._client = await self._client_ctx.__aenter__()
+        self._sem = asyncio.Semaphore(self.config.max_concurrency)
+        # Count every HTTP attempt (retries included) for the lookup-cost metric.
+        self._client.meta.events.register("before-send.s3", self._count_request)
+
+    def _count_request(self, event_name: str = "", **_: Any) -> None:
+        # Runs on the loop thread only: no lock needed.
+        self.requests[event_name.rsplit(".", 1)[-1]] += 1
+
+    async def _close_client(self) -> None:
+        if self._client_ctx is not None:
+            ctx, self._client_ctx, self._client = self._client_ctx, None, None
+            await ctx.__aexit__(None, None, None)
+
+    def close(self) -> None:
+        """Close the client and stop the loop thread. Idempotent."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        if self._client_ctx is not None and loop.is_running():
+            with contextlib.suppress(Exception):
+                self._run(self._close_client(), timeout=10.0)
+        self._loop = self._thread = None
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10.0)
+
+    def describe(self) -> str:
+        c = self.config
+        cond = "conditional PUT" if self.conditional_put else "plain PUT"
+        enc = f", sse={c.sse}" if c.sse else ""
+        return (f"s3 s3://{c.bucket}/{self.prefix} at {c.where} "
+                f"(max_concurrency={c.max_concurrency}, {cond}{enc})")
+
+    # -- loop plumbing -----------------------------------------------------------
+    def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the loop from a calling thread, within the deadline."""
+        loop = self._loop
+        if loop is None:
+            coro.close()
+            raise TransientError("s3 backend is closed")
+        fut = asyncio.run_coroutine_threadsafe(coro, loop)
+        try:
+            return fut.result(timeout=timeout or self.config.request_deadline_s)
+        except concurrent.futures.TimeoutError:
+            fut.cancel()
+            raise TransientError(
+                f"s3 requests did not finish within {timeout or self.config.request_deadline_s}s"
+            ) from None
+
+    def _error(self, exc: BaseException, what: str) -> BaseException:
+        """Map a client exception onto ObjectMissing/TransientError (secrets scrubbed)."""
+        code, status = error_code(exc)
+        if status == 404 or code in _MISSING_CODES:
+            return ObjectMissing(what)
+        if isinstance(exc, asyncio.TimeoutError):
+            return TransientError(f"{what}: timed out")
+        detail = f"{code} (HTTP {status})" if code or status else f"{type(exc).__name__}: {exc}"
+        err = TransientError(scrub(f"{what}: {detail}", self.config))
+        err.__cause__ = exc
+        return err
+
+    # -- coroutines (loop thread) ------------------------------------------------
+    async def _put(self, key: str, body: bytes) -> bool:
+        assert self._sem is not None
+        async with self._sem:
+            if self.conditional_put:
+                try:
+                    await self._client.put_object(
+                        Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*",
+                        **self._put_extra,
+                    )
+                    return True
+                except Exception as exc:
+                    code, status = error_code(exc)
+                    # 412: it exists. 409: a concurrent conditional write of the
+                    # same content-addressed block is in progress -- also "exists".
+                    if status in (412, 409):
+                        return False
+                    if status == 501 or code == "NotImplemented":
+                        self.conditional_put = False
+                        logger.info("s3 tier: server rejects If-None-Match; using plain PUT")
+                    else:
+                        raise
+            await self._client.put_object(
+                Bucket=self.bucket, Key=key, Body=body, **self._put_extra
+            )
+            return True
+
+    async def _get(self, key: str) -> bytes:
+        assert self._sem is not None
+        async with self._sem:
+            resp = await self._client.get_object(Bucket=self.bucket, Key=key)
+            async with resp["Body"] as stream:
+                data: bytes = await stream.read()
+            expected = resp.get("ContentLength")
+            if expected is not None and len(data) != expected:
+                # A short body is a transfer problem, not a bad object.
+                raise TransientError(f"short read: {len(data)} of {expected} bytes")
+            return data
+
+    async def _head(self, key: str) -> bool:
+        assert self._sem is not None
+        async with self._sem:
+            try:
+                await self._client.head_object(Bucket=self.bucket, Key=key)
+                return True
+            except Exception as exc:
+                code, status = error_code(exc)
+                if status == 404 or code in _MISSING_CODES:
+                    return False
+                raise
+
+    async def _delete(self, key: str) -> None:
+        assert self._sem is not None
+        async with self._sem:
+            await self._client.delete_object(Bucket=self.bucket, Key=key)
+
+    async def _gather(self, coros: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
+        return await asyncio.gather(*coros, return_exceptions=True)
+
+    # -- bytes -------------------------------------------------------------------
+    @staticmethod
+    def _body(parts: Sequence[Buffer]) -> bytes:
+        # One copy: the HTTP client needs a single contiguous body.
+        body = b"".join(parts)
+        if len(body) > MAX_SINGLE_PUT:
+            raise TransientError(f"object of {len(body)} bytes exceeds the 5 GiB PUT limit")
+        return body
+
+    def put(self, name: str, parts: Sequence[Buffer]) -> bool:
+        body = self._body(parts)
+        try:
+            return self._run(self._put(self.prefix + name, body))
+        except TransientError:
+            raise
+        except Exception as exc:
+            raise self._error(exc, f"PUT {name}") from exc
+
+    def get(self, name: str) -> bytes:
+        try:
+            return self._run(self._get(self.prefix + name))
+        except TransientError:
+            raise
+        except Exception as exc:
+            raise self._error(exc, f"GET {name}") from exc
+
+    def exists_many(self, names: Sequence[str]) -> list[bool]:
+        """One HEAD per name, all in flight at once (bounded). An error answers False."""
+        if not names:
+            return []
+        results = self._run(self._gather([self._head(self.prefix + n) for n in names]))
+        out: list[bool] = []
+        for n, r in zip(names, results, strict=True):
+            if isinstance(r, BaseException):
+                self._warn.warning("head", "s3 tier: existence check failed (%s); "
+                                   "answering miss", self._error(r, f"HEAD {n}"))
+                out.append(False)
+            else:
+                out.append(bool(r))
+        return out
+
+    def delete(self, name: str) -> None:
+        try:
+            self._run(self._delete(self.prefix + name))
+        except TransientError:
+            raise
+        except Exception as exc:
+            err = self._error(exc, f"DELETE {name}")
+            if not isinstance(err, ObjectMissing):
+                raise err from exc
+
+    def iter_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Objects under ``<config prefix><prefix>`` (boto3 listing; admin use)."""
+        return _iter_objects(self.config, prefix)
+
+    # -- batches (what the core calls) -------------------------------------------
+    def store_many(
+        self, items: Sequence[StoreItem], codec: FrameCodec
+    ) -> list[bool | BaseException]:
+        """Encode on this (pool) thread, then PUT the whole batch concurrently."""
+        out: list[bool | BaseException] = [False] * len(items)
+        coros: list[Coroutine[Any, Any, bool]] = []
+        slots: list[int] = []
+        for i, item in enumerate(items):
+            try:
+                header, payload = codec.encode(item.key, item.src)
+                body = self._body((header, payload))
+                item.stored_len = len(body)
+            except Exception as exc:
+                out[i] = classify(exc)
+                continue
+            coros.append(self._put(self.prefix + item.name, body))
+            slots.append(i)
+        if coros:
+            try:
+                results = self._run(self._gather(coros))
+            except Exception as exc:
+                err = classify(exc)
+                results = [err] * len(coros)
+            for i, res in zip(slots, results, strict=True):
+                out[i] = (classify(self._error(res, f"PUT {items[i].name}"))
+                          if isinstance(res, BaseException) else res)
+        return out
+
+    def load_many(
+        self, items: Sequence[LoadItem], codec: FrameCodec
+    ) -> list[BaseException | None]:
+        """GET the whole batch concurrently, then decode and verify on this thread."""
+        if not items:
+            return []
+        try:
+            frames = self._run(self._gather([self._get(self.prefix + it.name) for it in items]))
+        except Exception as exc:
+            return [classify(exc)] * len(items)
+        out: list[BaseException | None] = []
+        for item, frame in zip(items, frames, strict=True):
+            if isinstance(frame, BaseException):
+                err = frame if isinstance(frame, TransientError) else \
+                    self._error(frame, f"GET {item.name}")
+                out.append(classify(err))
+                continue
+            try:
+                item.stored_len = len(frame)
+                codec.decode_into(item.key, frame, item.dest)
+                out.append(None)
+            except Exception as exc:
+                out.append(classify(exc))
+        return out
+
+    # -- administration ----------------------------------------------------------
+    def gc(self, max_age_s: float | None = None, max_bytes: int | None = None,
+           dry_run: bool = False) -> GcResult:
+        """Garbage-collect this backend's namespace (see :func:`s3_admin.gc`)."""
+        return _gc(self.config, max_age_s=max_age_s, max_bytes=max_bytes,
+                   namespace=self.namespace.name, dry_run=dry_run)
