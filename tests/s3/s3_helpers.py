@@ -1,0 +1,56 @@
+"""Shared helpers of the s3 tests: drive vLLM's real manager through the harness."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from vllm.v1.kv_offload.base import LookupResult
+
+from kvstore_tiers.harness import Harness, build_harness, make_keys
+
+SAMPLES = Path("/work/shared/data/kv-samples")
+HIT, MISS = LookupResult.HIT, LookupResult.MISS
+
+
+def harness(cfg: dict[str, Any], *, num_chunks: int = 32, chunk_bytes: int = 16384,
+            **kw: Any) -> Harness:
+    return build_harness([cfg], num_chunks=num_chunks, chunk_bytes=chunk_bytes, **kw)
+
+
+def random_rows(n: int, row_bytes: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (n, row_bytes), dtype=np.uint8)
+
+
+def store_all(h: Harness, keys: list[bytes], rows: np.ndarray) -> None:
+    """Store rows through the primary and the cascade; wait for the tier jobs."""
+    ctx = h.store(keys, rows)
+    h.settle()
+    h.finish_request(ctx)
+
+
+def fetch(h: Harness, keys: list[bytes]) -> tuple[list[Any], np.ndarray | None, Any]:
+    """A new request looks ``keys`` up (promotions run) and loads the HITs.
+
+    Returns (lookup results, rows of the HIT keys in order, request context).
+    """
+    ctx = h.new_request()
+    results, _ = h.lookup_until_resolved(keys, ctx)
+    hits = [k for k, r in zip(keys, results, strict=True) if r == HIT]
+    rows = h.load(hits, ctx) if hits else None
+    h.settle()
+    return results, rows, ctx
+
+
+def sample_blocks(file: str = "smollm2-135m_bf16_n16.bin") -> np.ndarray:
+    """The real bf16 KV blocks of kv-samples as (num_blocks, block_bytes) uint8."""
+    meta = json.loads((SAMPLES / "kv-samples.json").read_text())
+    info = next(f for f in meta["files"] if f["file"] == file)
+    data = np.fromfile(SAMPLES / file, dtype=np.uint8)
+    return data.reshape(info["num_blocks"], info["block_bytes"])
+
+
+__all__ = ["HIT", "MISS", "fetch", "harness", "make_keys", "random_rows", "sample_blocks",
+           "store_all"]
