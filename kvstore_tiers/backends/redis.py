@@ -63,7 +63,7 @@ from kvstore_tiers.errors import (
     ObjectMissing,
     TransientError,
 )
-from kvstore_tiers.frame import HEADER_FIXED, FrameCodec, parse_header
+from kvstore_tiers.frame import HEADER_FIXED, MAGIC, FrameCodec
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
 logger = logging.getLogger(__name__)
@@ -690,13 +690,16 @@ def _glob_escape(text: str) -> str:
 
 
 def _created_s(header: Any) -> float | None:
-    """Creation time (s since the epoch) from a frame header, or None."""
+    """Creation time (s since the epoch) from the first 64 bytes of a frame, or None.
+
+    Only the fixed part is read (GETRANGE 0..63): magic at 0, created_ms
+    (little-endian u64) at 56 -- see :mod:`kvstore_tiers.frame`.
+    """
     if not isinstance(header, (bytes, bytearray)) or len(header) < HEADER_FIXED:
         return None
-    try:
-        return parse_header(header).created_ms / 1000.0
-    except ObjectCorrupt:
+    if bytes(header[:4]) != MAGIC:
         return None
+    return int.from_bytes(header[56:64], "little") / 1000.0
 
 
 def gc(config: Mapping[str, Any], max_age_s: float | None = None,
