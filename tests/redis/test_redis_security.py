@@ -1,0 +1,216 @@
+"""Passwords (ACL/requirepass) and TLS for the redis tier.
+
+A password must work from the config, the environment or the URL, and must
+never show up in ``repr(tier)``, ``describe()``, a ConfigError or the logs.
+TLS: a CA, server and client certificates made by the test, redis-server
+listening with ``--tls-port``, the tier on ``rediss://``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import logging
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import REDIS_SERVER, random_rows
+from vllm.v1.kv_offload.base import LookupResult
+
+from kvstore_tiers.errors import ConfigError
+from kvstore_tiers.harness import make_keys
+
+SECRET = "s3cr3t-Pa55-7f2c"
+
+
+def round_trip(h: Any, n: int = 4, row: int = 4096, seed: int = 1) -> None:
+    keys, rows = make_keys(n, seed=seed), random_rows(n, row, seed=seed)
+    ctx = h.store(keys, rows)
+    h.settle()
+    h.finish_request(ctx)
+    h.forget_primary()
+    ctx = h.new_request()
+    results, _ = h.lookup_until_resolved(keys, ctx)
+    assert results == [LookupResult.HIT] * n
+    assert np.array_equal(h.load(keys, ctx), rows)
+    h.finish_request(ctx)
+
+
+@pytest.fixture
+def auth_server(redis_server_factory):
+    return redis_server_factory(["--requirepass", SECRET, "--maxmemory", "64mb",
+                                 "--maxmemory-policy", "allkeys-lru"])
+
+
+def test_password_from_config_never_shown(auth_server, harness_factory, caplog):
+    with caplog.at_level(logging.DEBUG):
+        h = harness_factory([{"type": "redis", "url": auth_server.url, "password": SECRET,
+                              "n_read_threads": 2, "n_write_threads": 2}],
+                            num_chunks=8, chunk_bytes=4096)
+        round_trip(h)
+    tier = h.tiers[0]
+    assert tier.counters.objects_loaded == 4
+    for text in (repr(tier), tier.backend.describe(), repr(tier.backend), repr(tier.config),
+                 str(tier.config.model_dump()), caplog.text):
+        assert SECRET not in text
+    assert "auth=yes" in tier.backend.describe()
+
+
+def test_password_from_environment(auth_server, harness_factory, monkeypatch):
+    monkeypatch.setenv("KVSTORE_REDIS_PASSWORD", SECRET)
+    h = harness_factory([{"type": "redis", "url": auth_server.url}], num_chunks=8,
+                        chunk_bytes=4096)
+    round_trip(h)
+    monkeypatch.delenv("KVSTORE_REDIS_PASSWORD")
+    monkeypatch.setenv("MY_REDIS_PW", SECRET)
+    h = harness_factory([{"type": "redis", "url": auth_server.url, "password_env": "MY_REDIS_PW"}],
+                        num_chunks=8, chunk_bytes=4096)
+    round_trip(h, seed=2)
+
+
+def test_password_in_url_is_redacted(auth_server, harness_factory, caplog):
+    url = f"redis://:{SECRET}@127.0.0.1:{auth_server.port}/0"
+    with caplog.at_level(logging.DEBUG):
+        h = harness_factory([{"type": "redis", "url": url}], num_chunks=8, chunk_bytes=4096)
+        round_trip(h)
+    assert SECRET not in repr(h.tiers[0]) and SECRET not in caplog.text
+    assert ":***@" in h.tiers[0].backend.describe()
+
+
+def test_wrong_or_missing_password_fails_startup_without_leaking(auth_server, harness_factory,
+                                                                 caplog, monkeypatch):
+    monkeypatch.delenv("KVSTORE_REDIS_PASSWORD", raising=False)
+    wrong = SECRET + "-wrong"
+    with caplog.at_level(logging.DEBUG), pytest.raises(ConfigError) as info:
+        harness_factory([{"type": "redis", "url": auth_server.url, "password": wrong}])
+    assert "authentication failed" in str(info.value)
+    assert wrong not in str(info.value) and wrong not in caplog.text
+    with pytest.raises(ConfigError, match=r"requires a password|authentication"):
+        harness_factory([{"type": "redis", "url": auth_server.url}])
+
+
+def test_acl_user(redis_server_factory, harness_factory):
+    srv = redis_server_factory([])
+    with srv.client() as c:
+        c.acl_setuser("kv", enabled=True, passwords=[f"+{SECRET}"], keys=["kvstore:*"],
+                      commands=["+@all"])
+    h = harness_factory([{"type": "redis", "url": srv.url, "username": "kv",
+                          "password": SECRET}], num_chunks=8, chunk_bytes=4096)
+    round_trip(h)
+    assert "user=kv" in h.tiers[0].backend.describe()
+
+
+# ----------------------------------------------------------------------------- TLS
+def _redis_has_tls() -> bool:
+    # A TLS-less build rejects the option itself; a TLS build complains about the cert.
+    out = subprocess.run([REDIS_SERVER, "--port", "0", "--tls-port", "1"], capture_output=True,
+                         text=True, timeout=10)
+    return "tls-cert-file" in out.stdout + out.stderr
+
+
+def _make_pki(d: Path) -> dict[str, str]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def write_key(key: Any, path: Path) -> None:
+        path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("kvstore test CA"))
+          .issuer_name(name("kvstore test CA")).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(minutes=5))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False,
+                                       data_encipherment=False, key_agreement=False,
+                                       encipher_only=False, decipher_only=False), critical=True)
+          .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+                         critical=False)
+          .sign(ca_key, hashes.SHA256()))
+    (d / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+
+    def leaf(cn: str, usage: Any, san: bool) -> None:
+        key = ec.generate_private_key(ec.SECP256R1())
+        b = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca.subject)
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - datetime.timedelta(minutes=5))
+             .not_valid_after(now + datetime.timedelta(days=1))
+             .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+             .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                 ca_key.public_key()), critical=False))
+        if san:
+            b = b.add_extension(x509.SubjectAlternativeName([
+                x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                critical=False)
+        cert = b.sign(ca_key, hashes.SHA256())
+        (d / f"{cn}.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        write_key(key, d / f"{cn}.key")
+
+    leaf("server", ExtendedKeyUsageOID.SERVER_AUTH, san=True)
+    leaf("client", ExtendedKeyUsageOID.CLIENT_AUTH, san=False)
+    return {k: str(d / v) for k, v in {
+        "ca": "ca.pem", "server_cert": "server.pem", "server_key": "server.key",
+        "client_cert": "client.pem", "client_key": "client.key"}.items()}
+
+
+@pytest.fixture
+def tls_server(redis_server_factory, tmp_path):
+    pytest.importorskip("cryptography")
+    if not _redis_has_tls():
+        pytest.skip("this redis-server was built without TLS support")
+    pki = _make_pki(tmp_path)
+    srv = redis_server_factory(
+        ["--tls-cert-file", pki["server_cert"], "--tls-key-file", pki["server_key"],
+         "--tls-ca-cert-file", pki["ca"], "--tls-auth-clients", "yes"],
+        tls={"ssl_ca_certs": pki["ca"], "ssl_certfile": pki["client_cert"],
+             "ssl_keyfile": pki["client_key"]},
+    )
+    return srv, pki
+
+
+def test_tls_with_client_certificate(tls_server, harness_factory):
+    srv, pki = tls_server
+    h = harness_factory([{"type": "redis", "url": f"rediss://127.0.0.1:{srv.port}/0",
+                          "tls_ca_file": pki["ca"], "tls_cert_file": pki["client_cert"],
+                          "tls_key_file": pki["client_key"]}], num_chunks=8, chunk_bytes=4096)
+    round_trip(h)
+    with srv.client() as c:
+        assert c.dbsize() == 4
+
+
+def test_tls_misconfigurations_fail_startup_clearly(tls_server, harness_factory, tmp_path):
+    srv, pki = tls_server
+    url = f"rediss://127.0.0.1:{srv.port}/0"
+    # No client certificate, but the server demands one.
+    with pytest.raises(ConfigError, match="cannot connect"):
+        harness_factory([{"type": "redis", "url": url, "tls_ca_file": pki["ca"], "retries": 0}])
+    # A CA that did not sign the server certificate.
+    other = tmp_path / "other"
+    other.mkdir()
+    wrong_ca = _make_pki(other)["ca"]
+    with pytest.raises(ConfigError, match="TLS"):
+        harness_factory([{"type": "redis", "url": url, "tls_ca_file": wrong_ca,
+                          "tls_cert_file": pki["client_cert"],
+                          "tls_key_file": pki["client_key"], "retries": 0}])
+    # Plain redis:// against a TLS port.
+    with pytest.raises(ConfigError, match="cannot connect"):
+        harness_factory([{"type": "redis", "url": f"redis://127.0.0.1:{srv.port}/0",
+                          "retries": 0, "connect_timeout_s": 1, "socket_timeout_s": 1}])
+    # TLS files with a plain URL is a config mistake, caught before connecting.
+    with pytest.raises(ConfigError, match="rediss"):
+        harness_factory([{"type": "redis", "url": f"redis://127.0.0.1:{srv.port}/0",
+                          "tls_ca_file": pki["ca"]}])
