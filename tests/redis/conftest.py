@@ -10,6 +10,7 @@ crash. ``redis_cluster`` builds a real three-master Redis Cluster.
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -36,6 +37,25 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_cluster_port() -> int:
+    """A free port P <= 55535 whose cluster bus port P+10000 is free too."""
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, 45000)
+        if _port_free(port) and _port_free(port + 10000):
+            return port
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 class RedisServer:
@@ -154,7 +174,7 @@ class RedisCluster:
                 # Keep serving the healthy nodes' slots when one master is down
                 # (what a replica-less cache cluster wants; see docs/redis.md).
                 "--cluster-require-full-coverage", "no",
-            ])
+            ], port=free_cluster_port())
             for i in range(3)
         ]
 
