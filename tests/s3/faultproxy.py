@@ -4,9 +4,11 @@ The tier's ``endpoint_url`` points at the proxy; the proxy forwards each
 request to the upstream server (keep-alive, one upstream connection per
 client connection) unless a fault is armed:
 
-* ``error(status, code, count=None, methods=None)``: answer with an S3 XML
-  error (``500 InternalError``, ``503 SlowDown``...) instead of forwarding,
-  for the next ``count`` matching requests (all of them if None).
+* ``error(status, code, count=None, methods=None, header=None)``: answer
+  with an S3 XML error (``500 InternalError``, ``503 SlowDown``,
+  ``501 NotImplemented``...) instead of forwarding, for the next ``count``
+  matching requests (all of them if None); ``header`` restricts it to
+  requests carrying that header (e.g. ``If-None-Match``).
 * ``stall(count=None)``: hold matching requests without answering until
   :meth:`heal` (the client's read timeout fires first).
 * ``reset(count=None)``: close the connection with a TCP RST after reading
@@ -41,6 +43,7 @@ class _Fault:
     methods: frozenset[str] | None
     status: int = 503
     code: str = "ServiceUnavailable"
+    header: str | None = None  # only requests carrying this header
 
 
 class FaultProxy:
@@ -88,8 +91,10 @@ class FaultProxy:
             self._healed.clear()
 
     def error(self, status: int = 503, code: str = "ServiceUnavailable",
-              count: int | None = None, methods: set[str] | None = None) -> None:
-        self._arm(_Fault("error", count, frozenset(methods) if methods else None, status, code))
+              count: int | None = None, methods: set[str] | None = None,
+              header: str | None = None) -> None:
+        self._arm(_Fault("error", count, frozenset(methods) if methods else None, status, code,
+                         header))
 
     def stall(self, count: int | None = None, methods: set[str] | None = None) -> None:
         self._arm(_Fault("stall", count, frozenset(methods) if methods else None))
@@ -110,11 +115,13 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
 
-    def _take_fault(self, method: str) -> _Fault | None:
+    def _take_fault(self, method: str, headers: Any) -> _Fault | None:
         with self._lock:
             self.requests[method] += 1
             f = self._fault
             if f is None or (f.methods is not None and method not in f.methods):
+                return None
+            if f.header is not None and f.header not in headers:
                 return None
             if f.count is not None:
                 f.count -= 1
@@ -127,7 +134,7 @@ class FaultProxy:
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
-        fault = self._take_fault(h.command)
+        fault = self._take_fault(h.command, h.headers)
         if fault is not None and fault.kind == "error":
             xml = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{fault.code}</Code>'
                    f"<Message>injected by faultproxy</Message></Error>").encode()

@@ -1,0 +1,164 @@
+"""Startup: a wrong bucket, endpoint or credential fails with a message naming it;
+secrets given in the config never show up anywhere; server quirks are probed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import numpy as np
+import pytest
+from conftest import free_port, run_moto
+from faultproxy import FaultProxy
+from s3_helpers import HIT, fetch, harness, make_keys, random_rows, store_all
+
+from kvstore_tiers.backends.s3_admin import as_config
+from kvstore_tiers.errors import ConfigError
+
+SECRET = "s3cr3t/Value+ThatMustNeverLeak0000000000"
+TOKEN = "SessionTokenThatMustNeverLeak/abcdef0123456789"
+
+
+def build_error(cfg: dict[str, Any]) -> str:
+    """Build a manager with ``cfg``; return the startup error's message."""
+    with pytest.raises(Exception) as info:
+        harness(cfg)
+    err: BaseException | None = info.value
+    while err is not None and not isinstance(err, ConfigError):
+        err = err.__cause__ or err.__context__
+    assert isinstance(err, ConfigError), f"not a ConfigError: {info.value!r}"
+    return str(err)
+
+
+def test_missing_bucket_is_named(tier_config: Any, moto_endpoint: str) -> None:
+    msg = build_error(tier_config(bucket="no-such-bucket-here"))
+    assert "bucket 'no-such-bucket-here' does not exist" in msg
+    assert moto_endpoint in msg
+
+
+def test_create_bucket_on_request(tier_config: Any, s3: Any) -> None:
+    name = f"kvt-new-{uuid.uuid4().hex[:12]}"
+    h = harness(tier_config(bucket=name, create_bucket=True))
+    try:
+        s3.head_bucket(Bucket=name)
+        keys, rows = make_keys(2, seed=20), random_rows(2, 16384, seed=20)
+        store_all(h, keys, rows)
+        assert h.tiers[0].counters.objects_stored == 2
+    finally:
+        h.shutdown()
+
+
+def test_unreachable_endpoint_is_named(tier_config: Any) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    msg = build_error(tier_config(endpoint_url=dead))
+    assert f"cannot reach endpoint {dead}" in msg
+
+
+def test_invalid_keys_are_named(tier_config: Any) -> None:
+    msg = build_error(tier_config(sse_kms_key_id="k1", aws_secret_access_key=SECRET))
+    assert "sse_kms_key_id needs sse='aws:kms'" in msg and SECRET not in msg
+    msg = build_error(tier_config(max_concurrency=0))
+    assert "max_concurrency" in msg
+    msg = build_error(tier_config(bukcet="x"))
+    assert "bukcet" in msg and "unknown key" in msg
+
+
+@pytest.fixture(scope="module")
+def auth_server() -> Iterator[tuple[str, str, str, str]]:
+    """A moto server that checks credentials: (url, bucket, key id, secret)."""
+    # The first few requests run unauthenticated: enough to create a user.
+    with run_moto({"INITIAL_NO_AUTH_ACTION_COUNT": "3"}) as url:
+        iam = boto3.client("iam", endpoint_url=url, region_name="us-east-1",
+                           aws_access_key_id="x", aws_secret_access_key="x")
+        iam.create_user(UserName="kv")
+        key = iam.create_access_key(UserName="kv")["AccessKey"]
+        iam.put_user_policy(UserName="kv", PolicyName="all", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17",
+             "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}))
+        s3 = boto3.client("s3", endpoint_url=url, region_name="us-east-1",
+                          aws_access_key_id=key["AccessKeyId"],
+                          aws_secret_access_key=key["SecretAccessKey"])
+        s3.create_bucket(Bucket="auth-bucket")
+        yield url, "auth-bucket", key["AccessKeyId"], key["SecretAccessKey"]
+
+
+def test_bad_credentials_are_named(tier_config: Any, auth_server: Any) -> None:
+    url, bucket, key_id, secret = auth_server
+    cfg = tier_config(endpoint_url=url, bucket=bucket)
+    msg = build_error({**cfg, "aws_access_key_id": "AKIAUNKNOWNKEY000000",
+                       "aws_secret_access_key": SECRET})
+    assert "credentials rejected" in msg and "InvalidAccessKeyId" in msg
+    assert SECRET not in msg and "AKIAUNKNOWNKEY000000" not in msg
+    msg = build_error({**cfg, "aws_access_key_id": key_id, "aws_secret_access_key": SECRET})
+    assert "credentials rejected" in msg and "SignatureDoesNotMatch" in msg
+    # The right keys work.
+    h = harness({**cfg, "aws_access_key_id": key_id, "aws_secret_access_key": secret})
+    try:
+        keys, rows = make_keys(2, seed=21), random_rows(2, 16384, seed=21)
+        store_all(h, keys, rows)
+        h.forget_primary()
+        results, got, _ = fetch(h, keys)
+        assert results == [HIT] * 2 and np.array_equal(got, rows)
+    finally:
+        h.shutdown()
+
+
+def test_secrets_never_shown(tier_config: Any, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG, logger="kvstore_tiers")
+    cfg = tier_config(aws_access_key_id="AKIASHOWNOWHERE00000", aws_secret_access_key=SECRET,
+                      aws_session_token=TOKEN)
+    h = harness(cfg)
+    try:
+        tier = h.tiers[0]
+        keys, rows = make_keys(2, seed=22), random_rows(2, 16384, seed=22)
+        store_all(h, keys, rows)
+        shown = [repr(tier), tier.backend.describe(), repr(tier.backend.config),
+                 str(tier.backend.config), caplog.text]
+    finally:
+        h.shutdown()
+    shown.append(caplog.text)
+    for text in shown:
+        for secret in (SECRET, TOKEN, "AKIASHOWNOWHERE00000"):
+            assert secret not in text
+    assert "s3://" in shown[1]
+    # Validation errors do not echo them either.
+    with pytest.raises(ConfigError) as info:
+        as_config({"type": "s3", "bucket": "bkt", "aws_secret_access_key": SECRET})
+    assert SECRET not in str(info.value)
+
+
+def test_server_without_conditional_put(tier_config: Any, moto_endpoint: str) -> None:
+    proxy = FaultProxy(moto_endpoint)
+    try:
+        # A server that answers 501 to If-None-Match from the start: probed, plain PUT.
+        proxy.error(501, "NotImplemented", methods={"PUT"}, header="If-None-Match")
+        h = harness(tier_config(endpoint_url=proxy.url))
+        try:
+            assert "plain PUT" in h.tiers[0].backend.describe()
+            keys, rows = make_keys(3, seed=23), random_rows(3, 16384, seed=23)
+            store_all(h, keys, rows)
+            h.forget_primary()
+            results, got, _ = fetch(h, keys)
+            assert results == [HIT] * 3 and np.array_equal(got, rows)
+        finally:
+            h.shutdown()
+        # One that starts rejecting it at runtime: the tier falls back, stores still land.
+        proxy.heal()
+        h = harness(tier_config(endpoint_url=proxy.url))
+        try:
+            backend = h.tiers[0].backend
+            assert backend.conditional_put
+            proxy.error(501, "NotImplemented", methods={"PUT"}, header="If-None-Match")
+            keys, rows = make_keys(3, seed=24), random_rows(3, 16384, seed=24)
+            store_all(h, keys, rows)
+            assert not backend.conditional_put
+            assert h.tiers[0].counters.objects_stored == 3
+        finally:
+            h.shutdown()
+    finally:
+        proxy.close()
