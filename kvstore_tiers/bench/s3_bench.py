@@ -1,0 +1,358 @@
+"""S3 tier benchmark: tier bandwidth against a raw client loop, bytes per block, lookup cost.
+
+Run ``python -m kvstore_tiers.bench.s3_bench`` (options: ``--help``). Without
+``--endpoint`` it starts its own ``moto_server`` on a free loopback port;
+with one (MinIO: ``--endpoint http://localhost:9000 --bucket kv-cache``
+plus keys in the environment or flags) it uses that server. In the same run
+and against the same server:
+
+1. **Bandwidth.** The tier driven through vLLM's real
+   TieringOffloadingManager (:mod:`kvstore_tiers.harness`): one store job of
+   ``--blocks`` chunks (cascade primary -> S3), then, after the primary
+   forgot them, one request that looks them up and loads them back. Against
+   it, a raw aiobotocore loop (PutObject / GetObject of objects of the same
+   size, ``--concurrency`` requests in flight, the tier's ``max_concurrency``
+   too) and a boto3-on-threads loop (same concurrency, one thread per
+   request in flight). Incompressible bytes and ``compression: none`` so
+   everyone moves the same bytes; rounds alternate and the median is kept.
+2. **Bytes per block.** The real KV samples stored with ``none`` and with
+   ``kvsplit`` (what ``auto`` picks for bf16 on a remote tier).
+3. **Lookup cost.** A second engine (empty presence index) looks up stored
+   and absent blocks: HTTP requests sent per looked-up block.
+
+Returns (and prints as a table) a dict of the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MiB = 1 << 20
+DEFAULT_SAMPLES = Path(os.environ.get("KVSTORE_KV_SAMPLES", "/work/shared/data/kv-samples"))
+FAKE_KEYS = {"aws_access_key_id": "AKIABENCHFAKE0000000", "aws_secret_access_key": "bench"}
+
+
+@contextlib.contextmanager
+def moto_server() -> Iterator[str]:
+    """A throwaway moto_server on 127.0.0.1 (from this interpreter's bin dir)."""
+    import socket
+    import subprocess
+    import sys
+    import urllib.request
+
+    exe = Path(sys.executable).parent / "moto_server"
+    if not exe.exists():
+        raise SystemExit("moto_server not found; pip install 'moto[server]' or pass --endpoint")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(exe), "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=1).read()
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit("moto_server did not start") from None
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def _gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9 if seconds > 0 else float("nan")
+
+
+# -- baselines ---------------------------------------------------------------------
+async def _aio_round(endpoint: str, creds: dict[str, str], bucket: str, keys: list[str],
+                     body: bytes, concurrency: int) -> tuple[float, float]:
+    """(put seconds, get seconds) of a plain aiobotocore loop."""
+    from aiobotocore.config import AioConfig
+    from aiobotocore.session import get_session
+
+    cfg = AioConfig(max_pool_connections=concurrency,
+                    request_checksum_calculation="when_required",
+                    response_checksum_validation="when_required")
+    async with get_session().create_client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                                           config=cfg, **creds) as client:
+        sem = asyncio.Semaphore(concurrency)
+
+        async def put(k: str) -> None:
+            async with sem:
+                await client.put_object(Bucket=bucket, Key=k, Body=body)
+
+        async def get(k: str) -> bytes:
+            async with sem:
+                r = await client.get_object(Bucket=bucket, Key=k)
+                async with r["Body"] as s:
+                    return bytes(await s.read())
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(put(k) for k in keys))
+        t1 = time.perf_counter()
+        got = await asyncio.gather(*(get(k) for k in keys))
+        t2 = time.perf_counter()
+        assert all(len(g) == len(body) for g in got)
+        return t1 - t0, t2 - t1
+
+
+def _threads_round(endpoint: str, creds: dict[str, str], bucket: str, keys: list[str],
+                   body: bytes, concurrency: int) -> tuple[float, float]:
+    """(put seconds, get seconds) of boto3 on a thread pool (one request per thread)."""
+    import boto3
+    from botocore.config import Config
+
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          config=Config(max_pool_connections=concurrency,
+                                        request_checksum_calculation="when_required",
+                                        response_checksum_validation="when_required"),
+                          **creds)
+    with ThreadPoolExecutor(concurrency) as pool:
+        t0 = time.perf_counter()
+        list(pool.map(lambda k: client.put_object(Bucket=bucket, Key=k, Body=body), keys))
+        t1 = time.perf_counter()
+        got = list(pool.map(
+            lambda k: client.get_object(Bucket=bucket, Key=k)["Body"].read(), keys))
+        t2 = time.perf_counter()
+    assert all(len(g) == len(body) for g in got)
+    return t1 - t0, t2 - t1
+
+
+# -- the tier --------------------------------------------------------------------------
+def _tier_round(cfg: dict[str, Any], blocks: int, block_bytes: int, seed: int
+                ) -> tuple[float, float, dict[str, int]]:
+    """(store seconds, load seconds, request counts) through vLLM's manager."""
+    from vllm.v1.kv_offload.base import LookupResult
+
+    from kvstore_tiers.harness import build_harness, make_keys
+
+    h = build_harness([cfg], num_chunks=blocks, chunk_bytes=block_bytes)
+    try:
+        keys = make_keys(blocks, seed=seed)
+        rows = np.random.default_rng(seed).integers(0, 256, (blocks, block_bytes), np.uint8)
+        t0 = time.perf_counter()
+        ctx = h.store(keys, rows)
+        h.settle(timeout_s=600)
+        t1 = time.perf_counter()
+        h.finish_request(ctx)
+        tier = h.tiers[0]
+        assert tier.counters.objects_stored == blocks, tier.counters
+        h.forget_primary()
+        ctx = h.new_request()
+        t2 = time.perf_counter()
+        results, _ = h.lookup_until_resolved(keys, ctx, max_steps=100_000)
+        got = h.load(keys, ctx)
+        t3 = time.perf_counter()
+        assert results == [LookupResult.HIT] * blocks
+        assert np.array_equal(got, rows), "tier returned wrong bytes"
+        h.finish_request(ctx)
+        return t1 - t0, t3 - t2, dict(tier.backend.requests)
+    finally:
+        h.shutdown()
+
+
+def _bytes_per_block(cfg: dict[str, Any], samples: Path) -> dict[str, Any]:
+    from kvstore_tiers.harness import build_harness, make_keys
+
+    meta = json.loads((samples / "kv-samples.json").read_text())
+    out: dict[str, Any] = {}
+    for entry in meta["files"]:
+        data = np.fromfile(samples / entry["file"], np.uint8)
+        blocks = data.reshape(entry["num_blocks"], entry["block_bytes"])
+        n, row = blocks.shape
+        res: dict[str, float] = {"raw": row}
+        for comp in ("none", "kvsplit"):
+            h = build_harness([{**cfg, "compression": comp,
+                                "prefix": f"bytes-{uuid.uuid4().hex[:8]}/"}],
+                              num_chunks=n, chunk_bytes=row)
+            try:
+                ctx = h.store(make_keys(n, seed=7), blocks)
+                h.settle(timeout_s=300)
+                h.finish_request(ctx)
+                res[comp] = h.tiers[0].counters.stored_bytes_written / n
+            finally:
+                h.shutdown()
+        res["ratio"] = res["raw"] / res["kvsplit"]
+        out[entry["file"]] = res
+    return out
+
+
+def _lookup_cost(cfg: dict[str, Any], n: int) -> dict[str, float]:
+    from vllm.v1.kv_offload.base import LookupResult
+
+    from kvstore_tiers.harness import build_harness, make_keys
+
+    row = 4096
+    writer = build_harness([cfg], num_chunks=n, chunk_bytes=row)
+    reader = build_harness([cfg], num_chunks=n, chunk_bytes=row)
+    try:
+        present, absent = make_keys(n, seed=101), make_keys(n, seed=202)
+        ctx = writer.store(present, np.zeros((n, row), np.uint8))
+        writer.settle()
+        writer.finish_request(ctx)
+        # The writer itself: answered from its presence index.
+        writer.forget_primary()
+        wb = writer.tiers[0].backend
+        before_w = sum(wb.requests.values())
+        wctx = writer.new_request()
+        res, _ = writer.lookup_until_resolved(present, wctx, max_steps=100_000)
+        assert res == [LookupResult.HIT] * n
+        writer_lookup_requests = sum(wb.requests.values()) - before_w - wb.requests["GetObject"]
+        # Another engine: one HEAD per block, hit or miss.
+        rb = reader.tiers[0].backend
+        ctx = reader.new_request()
+        before = rb.requests["HeadObject"]
+        res, _ = reader.lookup_until_resolved(present + absent, ctx, max_steps=100_000)
+        assert res[:n] == [LookupResult.HIT] * n or all(
+            r in (LookupResult.HIT, LookupResult.MISS) for r in res)
+        heads = rb.requests["HeadObject"] - before
+        return {
+            "other_engine_heads_per_block": heads / (2 * n),
+            "same_engine_requests_per_block": writer_lookup_requests / n,
+        }
+    finally:
+        writer.shutdown()
+        reader.shutdown()
+
+
+def _empty_bucket(client: Any, bucket: str, prefix: str = "") -> None:
+    paginator = client.get_paginator("list_objects_v2")
+    for page in paginator.paginate(Bucket=bucket, Prefix=prefix):
+        objs = [{"Key": o["Key"]} for o in page.get("Contents", ())]
+        if objs:
+            client.delete_objects(Bucket=bucket, Delete={"Objects": objs, "Quiet": True})
+
+
+def run(endpoint: str | None = None, bucket: str | None = None, blocks: int = 64,
+        block_mib: float = 1.0, concurrency: int = 32, rounds: int = 3,
+        samples: Path = DEFAULT_SAMPLES, creds: dict[str, str] | None = None,
+        lookup_blocks: int = 64) -> dict[str, Any]:
+    """Run every measurement against ``endpoint`` (own moto if None); return the numbers."""
+    import boto3
+
+    with contextlib.ExitStack() as stack:
+        if endpoint is None:
+            endpoint = stack.enter_context(moto_server())
+            server = "moto_server (local, in-memory)"
+        else:
+            server = endpoint
+        creds = creds or dict(FAKE_KEYS)
+        admin = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **creds)
+        if bucket is None:
+            bucket = f"kvbench-{uuid.uuid4().hex[:12]}"
+            admin.create_bucket(Bucket=bucket)
+        block_bytes = int(block_mib * MiB)
+        total = blocks * block_bytes
+        body = os.urandom(block_bytes)
+        base_cfg: dict[str, Any] = {
+            "type": "s3", "bucket": bucket, "endpoint_url": endpoint, **creds,
+            "max_concurrency": concurrency,
+        }
+        times: dict[str, list[float]] = {k: [] for k in (
+            "tier_store", "tier_load", "aio_put", "aio_get", "threads_put", "threads_get")}
+        requests: dict[str, int] = {}
+        for r in range(rounds):
+            prefix = f"bench-{uuid.uuid4().hex[:8]}/"
+            s, lo, requests = _tier_round({**base_cfg, "prefix": prefix + "tier/",
+                                           "compression": "none"}, blocks, block_bytes, r)
+            times["tier_store"].append(s)
+            times["tier_load"].append(lo)
+            keys = [f"{prefix}aio/{i:06d}.kvf" for i in range(blocks)]
+            p, g = asyncio.run(_aio_round(endpoint, creds, bucket, keys, body, concurrency))
+            times["aio_put"].append(p)
+            times["aio_get"].append(g)
+            keys = [f"{prefix}thr/{i:06d}.kvf" for i in range(blocks)]
+            p, g = _threads_round(endpoint, creds, bucket, keys, body, concurrency)
+            times["threads_put"].append(p)
+            times["threads_get"].append(g)
+            _empty_bucket(admin, bucket, prefix)  # keep an in-memory server small
+        med = {k: statistics.median(v) for k, v in times.items()}
+        gb = {k: _gbps(total, v) for k, v in med.items()}
+        result: dict[str, Any] = {
+            "server": server,
+            "blocks": blocks, "block_bytes": block_bytes, "concurrency": concurrency,
+            "rounds": rounds,
+            "gbps": gb,
+            "tier_vs_raw_aio": {"store": gb["tier_store"] / gb["aio_put"],
+                                "load": gb["tier_load"] / gb["aio_get"]},
+            "aio_vs_threads": {"put": gb["aio_put"] / gb["threads_put"],
+                               "get": gb["aio_get"] / gb["threads_get"]},
+            "tier_requests_last_round": requests,
+        }
+        lookup_prefix = f"lookup-{uuid.uuid4().hex[:8]}/"
+        result["lookup"] = _lookup_cost({**base_cfg, "prefix": lookup_prefix}, lookup_blocks)
+        if samples.exists():
+            result["bytes_per_block"] = _bytes_per_block(
+                {**base_cfg, "prefix": "bytes/"}, samples)
+        _empty_bucket(admin, bucket, "bytes-")
+        _empty_bucket(admin, bucket, lookup_prefix)
+        return result
+
+
+def print_table(res: dict[str, Any]) -> None:
+    g = res["gbps"]
+    print(f"\nS3 benchmark against {res['server']}: {res['blocks']} blocks x "
+          f"{res['block_bytes'] / MiB:.2f} MiB, concurrency {res['concurrency']}, "
+          f"median of {res['rounds']} rounds")
+    print(f"{'path':<34}{'store/PUT GB/s':>16}{'load/GET GB/s':>16}")
+    print(f"{'tier (vLLM manager, none codec)':<34}{g['tier_store']:>16.3f}{g['tier_load']:>16.3f}")
+    print(f"{'raw aiobotocore loop':<34}{g['aio_put']:>16.3f}{g['aio_get']:>16.3f}")
+    print(f"{'raw boto3 on threads':<34}{g['threads_put']:>16.3f}{g['threads_get']:>16.3f}")
+    t = res["tier_vs_raw_aio"]
+    a = res["aio_vs_threads"]
+    print(f"tier / raw aiobotocore: store {t['store']:.2f}x, load {t['load']:.2f}x")
+    print(f"aiobotocore / boto3 threads: put {a['put']:.2f}x, get {a['get']:.2f}x")
+    lk = res["lookup"]
+    print(f"lookup: {lk['other_engine_heads_per_block']:.2f} HEAD per block (another engine), "
+          f"{lk['same_engine_requests_per_block']:.2f} requests per block (the storing engine)")
+    for f, b in res.get("bytes_per_block", {}).items():
+        print(f"{f}: raw {b['raw']:.0f} B/block, none {b['none']:.0f}, kvsplit "
+              f"{b['kvsplit']:.0f} ({b['ratio']:.3f}x smaller)")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--endpoint", help="S3 endpoint URL (default: start a local moto_server)")
+    ap.add_argument("--bucket", help="existing bucket (default: create a fresh one)")
+    ap.add_argument("--access-key-id", default=os.environ.get("AWS_ACCESS_KEY_ID"))
+    ap.add_argument("--secret-access-key", default=os.environ.get("AWS_SECRET_ACCESS_KEY"))
+    ap.add_argument("--blocks", type=int, default=64)
+    ap.add_argument("--block-mib", type=float, default=1.0)
+    ap.add_argument("--concurrency", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--samples", type=Path, default=DEFAULT_SAMPLES)
+    ap.add_argument("--json", help="also write the result dict to this file")
+    args = ap.parse_args(argv)
+    creds = None
+    if args.access_key_id and args.secret_access_key:
+        creds = {"aws_access_key_id": args.access_key_id,
+                 "aws_secret_access_key": args.secret_access_key}
+    res = run(args.endpoint, args.bucket, args.blocks, args.block_mib, args.concurrency,
+              args.rounds, args.samples, creds)
+    print_table(res)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=2))
+    return res
+
+
+if __name__ == "__main__":
+    main()
