@@ -117,6 +117,10 @@ class RedisConfig(TierConfig):
     pipeline_batch: int = Field(
         8, ge=1, le=256, description="Blocks per pipeline (per I/O task).",
     )
+    fast_io: bool = Field(
+        True, description="Zero-copy SET/GET on a single server (see redis_fastio); "
+        "false: plain redis-py pipelines.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RedisConfig:
@@ -183,7 +187,9 @@ def classify_redis(exc: BaseException) -> BackendError:
         err = TransientError(f"redis connection problem ({type(exc).__name__}): {exc}")
     else:
         err = TransientError(f"redis error ({type(exc).__name__}): {exc}")
-    err.__cause__ = exc
+    # No __cause__: its traceback would pin the frames of the load path (and
+    # with them views of vLLM's primary memory) in a reference cycle, and vLLM
+    # could then not unmap the primary at shutdown. The message says it all.
     return err
 
 
@@ -217,6 +223,7 @@ class RedisBackend(Backend):
         self.maxmemory_policy: str | None = None
         self._warn = RateLimitedLogger(logger, interval_s=30.0)
         self._username, self._password = self._credentials()
+        self._fast: Any = None  # FastIO for a single server; None in cluster mode
 
     # -- configuration -------------------------------------------------------------
     def _credentials(self) -> tuple[str | None, str | None]:
@@ -333,6 +340,13 @@ class RedisBackend(Backend):
                 f"redis tier: cannot connect to {where}: {type(exc).__name__}: {text}{hint}"
             ) from None
         self._probe_server()
+        if not self.config.is_cluster and self.config.fast_io:
+            from kvstore_tiers.backends.redis_fastio import FastIO, fast_io_supported
+
+            if fast_io_supported(self.client):
+                backoff = ExponentialBackoff(cap=1.0, base=0.05)
+                self._fast = FastIO(self.client.connection_pool, self.config.retries,
+                                    backoff.compute)
 
     def _probe_server(self) -> None:
         """Read version and maxmemory settings; warn on settings that hurt a cache."""
@@ -388,6 +402,7 @@ class RedisBackend(Backend):
             )
 
     def _close_client(self) -> None:
+        self._fast = None
         client, self.client = self.client, None
         if client is None:
             return
@@ -597,6 +612,8 @@ class RedisBackend(Backend):
         self, items: Sequence[StoreItem], codec: FrameCodec
     ) -> list[bool | BaseException]:
         """One pipeline of ``SET key frame NX [EX ttl]``: True written, False existed."""
+        if self._fast is not None:
+            return self._store_many_fast(items, codec)
         out: list[bool | BaseException] = [TransientError("not attempted")] * len(items)
         frames: list[tuple[str, memoryview]] = []
         slots: list[int] = []
@@ -630,6 +647,8 @@ class RedisBackend(Backend):
     ) -> list[BaseException | None]:
         """One pipeline of GET (GETEX with ttl_s: a hit refreshes the expiry)."""
         ttl = self.config.ttl_s
+        if self._fast is not None and (self.use_getex or not ttl):
+            return self._load_many_fast(items, codec)
         keys = [self.key(it.name) for it in items]
         if ttl and self.use_getex:
             def build(p: Any, ks: Sequence[str]) -> None:
@@ -670,6 +689,45 @@ class RedisBackend(Backend):
             except Exception as exc:
                 out.append(classify_redis(exc))
         return out
+
+
+    def _store_many_fast(
+        self, items: Sequence[StoreItem], codec: FrameCodec
+    ) -> list[bool | BaseException]:
+        out: list[bool | BaseException] = [TransientError("not attempted")] * len(items)
+        frames: list[tuple[bytes, Any, Any]] = []
+        slots: list[int] = []
+        for i, item in enumerate(items):
+            try:
+                header, payload = codec.encode(item.key, item.src)
+            except Exception as exc:
+                out[i] = classify_redis(exc)
+                continue
+            item.stored_len = len(header) + len(payload)
+            frames.append((self.key(item.name).encode(), header, payload))
+            slots.append(i)
+        if not frames:
+            return out
+        try:
+            replies = self._fast.set_many(frames, self.config.ttl_s)
+        except Exception as exc:
+            err = classify_redis(exc)
+            for i in slots:
+                out[i] = err
+            return out
+        for i, reply in zip(slots, replies, strict=True):
+            out[i] = classify_redis(reply) if isinstance(reply, BaseException) else reply
+        return out
+
+    def _load_many_fast(
+        self, items: Sequence[LoadItem], codec: FrameCodec
+    ) -> list[BaseException | None]:
+        keys = [self.key(it.name).encode() for it in items]
+        try:
+            return self._fast.get_many(keys, items, codec, self.config.ttl_s)
+        except Exception as exc:
+            err = classify_redis(exc)
+            return [err] * len(items)
 
 
 def _join(parts: Sequence[Buffer]) -> memoryview:

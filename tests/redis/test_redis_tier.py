@@ -52,9 +52,10 @@ def redis_keys(client: redis.Redis) -> list[bytes]:
     return sorted(k for k in client.scan_iter(match="kvstore:*") if k.endswith(b".kvf"))
 
 
-@pytest.mark.parametrize("compression", ["auto", "none", "zstd"])
-def test_round_trip_random_bytes(redis_server, harness_factory, compression):
-    h = harness_factory([tier_cfg(redis_server, compression=compression)],
+@pytest.mark.parametrize(("compression", "fast_io"), [
+    ("auto", True), ("none", True), ("zstd", True), ("auto", False), ("none", False)])
+def test_round_trip_random_bytes(redis_server, harness_factory, compression, fast_io):
+    h = harness_factory([tier_cfg(redis_server, compression=compression, fast_io=fast_io)],
                         num_chunks=32, chunk_bytes=16384)
     keys, rows = make_keys(20), random_rows(20, 16384)
     store_all(h, keys, rows)
@@ -114,8 +115,11 @@ def test_second_manager_finds_blocks_and_does_not_rewrite_them(redis_server, har
         assert {k: c.get(k) for k in redis_keys(c)} == before
 
 
-def test_ttl_is_set_refreshed_on_hit_and_expiry_is_a_miss(redis_server, harness_factory):
-    h = harness_factory([tier_cfg(redis_server, ttl_s=1000)], num_chunks=16, chunk_bytes=8192)
+@pytest.mark.parametrize("fast_io", [True, False])
+def test_ttl_is_set_refreshed_on_hit_and_expiry_is_a_miss(redis_server, harness_factory,
+                                                          fast_io):
+    h = harness_factory([tier_cfg(redis_server, ttl_s=1000, fast_io=fast_io)], num_chunks=16,
+                        chunk_bytes=8192)
     keys, rows = make_keys(6, seed=5), random_rows(6, 8192, seed=5)
     store_all(h, keys, rows)
     with redis_server.client() as c:
@@ -219,9 +223,10 @@ def test_server_crash_fails_jobs_then_recovers(redis_server, harness_factory):
     assert fetch(h, keys[:8])[0] == [MISS] * 8
 
 
+@pytest.mark.parametrize("fast_io", [True, False])
 @pytest.mark.parametrize("damage", ["flip_payload", "truncate", "garbage", "other_key"])
-def test_corrupt_and_truncated_values_are_misses(redis_server, harness_factory, damage):
-    h = harness_factory([tier_cfg(redis_server, compression="none")],
+def test_corrupt_and_truncated_values_are_misses(redis_server, harness_factory, damage, fast_io):
+    h = harness_factory([tier_cfg(redis_server, compression="none", fast_io=fast_io)],
                         num_chunks=16, chunk_bytes=8192)
     tier = h.tiers[0]
     keys, rows = make_keys(4, seed=11), random_rows(4, 8192, seed=11)

@@ -1,0 +1,1 @@
+"""Benchmarks of the kvstore tiers (run each module with ``python -m``)."""

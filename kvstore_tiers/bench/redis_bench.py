@@ -1,0 +1,250 @@
+"""Redis tier benchmark: bandwidth against redis-benchmark, memory per block.
+
+Run ``python -m kvstore_tiers.bench.redis_bench`` (options: ``--help``). It
+starts its own ``redis-server`` on a free loopback port (no persistence),
+then, in the same run and against the same server:
+
+1. **Bandwidth.** ``redis-benchmark -t set,get -d <block>`` with as many
+   connections as the tier has I/O threads, and the tier driven through
+   vLLM's real TieringOffloadingManager (:mod:`kvstore_tiers.harness`): one
+   store job of ``--blocks`` chunks (cascade primary -> Redis), then, after
+   the primary forgot them, one request that looks them up and loads them
+   back (Redis -> primary). Incompressible bytes and ``compression: none``,
+   so both move the same bytes; rounds alternate and the median is kept.
+2. **Memory.** The real KV samples (``/work/shared/data/kv-samples``) stored
+   with ``compression: none`` and with ``kvsplit``; Redis ``MEMORY USAGE``
+   per key and the ``used_memory`` delta, per block.
+
+Returns (and prints as a table) a dict of the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MiB = 1 << 20
+DEFAULT_SAMPLES = Path(os.environ.get("KVSTORE_KV_SAMPLES", "/work/shared/data/kv-samples"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def redis_server(extra: list[str] | None = None) -> Iterator[int]:
+    """A throwaway redis-server on 127.0.0.1; yields its port."""
+    import redis
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        raise SystemExit("redis-server not found (apt-get install redis-server)")
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="kvstore-redis-bench-") as d:
+        proc = subprocess.Popen(
+            [exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+             "no", "--dir", d, *(extra or [])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    if redis.Redis(port=port).ping():
+                        break
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise
+                    time.sleep(0.01)
+            yield port
+        finally:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+def redis_benchmark(port: int, value_bytes: int, requests: int, clients: int) -> dict[str, float]:
+    """MiB/s of SET and GET from redis-benchmark (same value size)."""
+    exe = shutil.which("redis-benchmark")
+    if exe is None:
+        raise SystemExit("redis-benchmark not found (apt-get install redis-tools)")
+    out = subprocess.run(
+        [exe, "-h", "127.0.0.1", "-p", str(port), "-t", "set,get", "-d", str(value_bytes),
+         "-n", str(requests), "-c", str(clients), "--csv"],
+        check=True, capture_output=True, text=True, timeout=600,
+    ).stdout
+    rps = {row[0]: float(row[1]) for row in csv.reader(io.StringIO(out)) if row and row[0] in (
+        "SET", "GET")}
+    return {op.lower(): rps[op] * value_bytes / MiB for op in ("SET", "GET")}
+
+
+def tier_round(h: Any, rows: np.ndarray, seed: int) -> dict[str, float]:
+    """MiB/s of one store job and one load request through vLLM's manager."""
+    from kvstore_tiers.harness import make_keys
+
+    keys = make_keys(len(rows), seed=seed)
+    nbytes = rows.nbytes
+    t0 = time.perf_counter()
+    ctx = h.store(keys, rows)
+    h.settle()
+    t_store = time.perf_counter() - t0
+    h.finish_request(ctx)
+    stored = h.tiers[0].counters.objects_stored
+    h.forget_primary()
+    ctx = h.new_request()
+    t0 = time.perf_counter()
+    results, _ = h.lookup_until_resolved(keys, ctx)
+    t_load = time.perf_counter() - t0
+    got = h.load(keys, ctx)
+    h.finish_request(ctx)
+    if not np.array_equal(got, rows):
+        raise AssertionError("tier returned different bytes")
+    return {"set": nbytes / t_store / MiB, "get": nbytes / t_load / MiB, "stored": stored,
+            "hits": sum(r.name == "HIT" for r in results)}
+
+
+def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
+              batch: int) -> dict[str, Any]:
+    import redis
+
+    from kvstore_tiers.harness import build_harness
+
+    rows = np.random.default_rng(0).integers(0, 256, (blocks, block_bytes), dtype=np.uint8)
+    bench: list[dict[str, float]] = []
+    tier: list[dict[str, float]] = []
+    with redis_server(["--maxmemory", "0"]) as port:
+        h = build_harness(
+            [{"type": "redis", "url": f"redis://127.0.0.1:{port}/0", "compression": "none",
+              "n_read_threads": threads, "n_write_threads": threads, "pipeline_batch": batch,
+              "presence_capacity": 0}],
+            num_chunks=blocks, chunk_bytes=block_bytes,
+        )
+        admin = redis.Redis(port=port)
+        try:
+            for r in range(rounds):
+                admin.flushall()
+                bench.append(redis_benchmark(port, block_bytes, blocks * 2, threads))
+                admin.flushall()
+                tier.append(tier_round(h, rows, seed=1000 + r))
+        finally:
+            h.shutdown()
+            admin.close()
+
+    def med(xs: list[dict[str, float]], k: str) -> float:
+        return statistics.median(x[k] for x in xs)
+
+    out: dict[str, Any] = {
+        "block_bytes": block_bytes, "blocks": blocks, "rounds": rounds,
+        "connections": threads, "pipeline_batch": batch,
+        "redis_benchmark_set_MiBps": med(bench, "set"),
+        "redis_benchmark_get_MiBps": med(bench, "get"),
+        "tier_set_MiBps": med(tier, "set"), "tier_get_MiBps": med(tier, "get"),
+    }
+    out["set_ratio"] = out["tier_set_MiBps"] / out["redis_benchmark_set_MiBps"]
+    out["get_ratio"] = out["tier_get_MiBps"] / out["redis_benchmark_get_MiBps"]
+    return out
+
+
+def memory(samples_dir: Path) -> list[dict[str, Any]]:
+    """Redis memory per block of the real KV samples, none vs kvsplit."""
+    import redis
+
+    from kvstore_tiers.harness import build_harness, make_keys
+
+    meta = json.loads((samples_dir / "kv-samples.json").read_text())
+    results = []
+    for entry in meta["files"]:
+        blocks = np.fromfile(samples_dir / entry["file"], dtype=np.uint8).reshape(
+            entry["num_blocks"], entry["block_bytes"])
+        n, size = blocks.shape
+        row: dict[str, Any] = {"file": entry["file"], "blocks": n, "block_bytes": size}
+        for codec in ("none", "kvsplit"):
+            with redis_server(["--maxmemory", "0"]) as port:
+                admin = redis.Redis(port=port)
+                before = int(admin.info("memory")["used_memory"])
+                h = build_harness([{"type": "redis", "url": f"redis://127.0.0.1:{port}/0",
+                                    "compression": codec}], num_chunks=n, chunk_bytes=size)
+                try:
+                    ctx = h.store(make_keys(n, seed=5), blocks)
+                    h.settle()
+                    h.finish_request(ctx)
+                finally:
+                    h.shutdown()
+                keys = [k for k in admin.scan_iter(match="kvstore:*") if k.endswith(b".kvf")]
+                usage = sum(int(admin.memory_usage(k, samples=0)) for k in keys)
+                after = int(admin.info("memory")["used_memory"])
+                admin.close()
+            row[f"{codec}_memory_usage_per_block"] = usage / n
+            row[f"{codec}_used_memory_delta_per_block"] = (after - before) / n
+        row["kvsplit_saving"] = 1 - row["kvsplit_memory_usage_per_block"] / row[
+            "none_memory_usage_per_block"]
+        row["ratio"] = row["none_memory_usage_per_block"] / row["kvsplit_memory_usage_per_block"]
+        results.append(row)
+    return results
+
+
+def run(block_bytes: int = 2 * MiB, blocks: int = 64, rounds: int = 3, threads: int = 4,
+        batch: int = 4, samples_dir: Path = DEFAULT_SAMPLES) -> dict[str, Any]:
+    """Both benchmarks; returns ``{"bandwidth": {...}, "memory": [...]}``."""
+    out: dict[str, Any] = {"bandwidth": bandwidth(block_bytes, blocks, rounds, threads, batch)}
+    if (samples_dir / "kv-samples.json").exists():
+        out["memory"] = memory(samples_dir)
+    return out
+
+
+def print_table(res: dict[str, Any]) -> None:
+    b = res["bandwidth"]
+    print(f"\nBandwidth, {b['block_bytes'] // 1024} KiB values, {b['blocks']} blocks per job, "
+          f"{b['connections']} connections, median of {b['rounds']} rounds (MiB/s)")
+    print(f"{'op':<6}{'redis-benchmark':>18}{'tier (vLLM manager)':>22}{'ratio':>8}")
+    for op in ("set", "get"):
+        print(f"{op.upper():<6}{b[f'redis_benchmark_{op}_MiBps']:>18.0f}"
+              f"{b[f'tier_{op}_MiBps']:>22.0f}{b[f'{op}_ratio']:>8.2f}")
+    if "memory" in res:
+        print("\nRedis memory per block, real KV samples (bytes)")
+        print(f"{'file':<28}{'raw block':>10}{'none':>10}{'kvsplit':>10}{'ratio':>7}"
+              f"{'used_memory d none/kvsplit':>30}")
+        for r in res["memory"]:
+            print(f"{r['file']:<28}{r['block_bytes']:>10}"
+                  f"{r['none_memory_usage_per_block']:>10.0f}"
+                  f"{r['kvsplit_memory_usage_per_block']:>10.0f}{r['ratio']:>7.2f}"
+                  f"{r['none_used_memory_delta_per_block']:>17.0f} /"
+                  f"{r['kvsplit_used_memory_delta_per_block']:>10.0f}")
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--block-bytes", type=int, default=2 * MiB)
+    p.add_argument("--blocks", type=int, default=64, help="blocks per job (and primary rows)")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=4,
+                   help="tier read and write threads; also redis-benchmark -c")
+    p.add_argument("--batch", type=int, default=4, help="pipeline_batch of the tier")
+    p.add_argument("--samples-dir", type=Path, default=DEFAULT_SAMPLES)
+    p.add_argument("--json", type=Path, help="also write the result here")
+    a = p.parse_args(argv)
+    res = run(a.block_bytes, a.blocks, a.rounds, a.threads, a.batch, a.samples_dir)
+    print_table(res)
+    if a.json:
+        a.json.write_text(json.dumps(res, indent=2))
+    return res
+
+
+if __name__ == "__main__":
+    main()
