@@ -183,6 +183,14 @@ class RedisCluster:
         return [f"127.0.0.1:{n.port}" for n in self.nodes]
 
     def start(self) -> RedisCluster:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()  # never leave half a cluster running
+            raise
+        return self
+
+    def _start(self) -> None:
         for n in self.nodes:
             n.start()
         assert REDIS_CLI is not None
@@ -198,7 +206,6 @@ class RedisCluster:
                     if time.monotonic() > deadline:
                         raise TimeoutError("cluster did not reach state ok")
                     time.sleep(0.05)
-        return self
 
     def stop(self) -> None:
         for n in self.nodes:

@@ -311,3 +311,16 @@ def test_module_path_route(redis_server, harness_factory):
     store_all(h, keys, rows)
     results, got, _ = fetch(h, keys)
     assert results == [HIT] * 3 and np.array_equal(got, rows)
+
+
+def test_example_config_is_valid():
+    import json
+    from pathlib import Path
+
+    from kvstore_tiers.backends.redis import RedisConfig
+    from kvstore_tiers.config import validate_config
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "redis-local.json"
+    cfg = json.loads(path.read_text())
+    assert cfg.pop("type") == "redis"
+    validate_config(RedisConfig, "redis", cfg)
