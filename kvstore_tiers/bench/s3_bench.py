@@ -242,7 +242,7 @@ def _empty_bucket(client: Any, bucket: str, prefix: str = "") -> None:
             client.delete_objects(Bucket=bucket, Delete={"Objects": objs, "Quiet": True})
 
 
-def run(endpoint: str | None = None, bucket: str | None = None, blocks: int = 64,
+def run(endpoint: str | None = None, bucket: str | None = None, blocks: int = 128,
         block_mib: float = 1.0, concurrency: int = 32, rounds: int = 3,
         samples: Path = DEFAULT_SAMPLES, creds: dict[str, str] | None = None,
         lookup_blocks: int = 64) -> dict[str, Any]:
@@ -335,7 +335,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--bucket", help="existing bucket (default: create a fresh one)")
     ap.add_argument("--access-key-id", default=os.environ.get("AWS_ACCESS_KEY_ID"))
     ap.add_argument("--secret-access-key", default=os.environ.get("AWS_SECRET_ACCESS_KEY"))
-    ap.add_argument("--blocks", type=int, default=64)
+    ap.add_argument("--blocks", type=int, default=128)
     ap.add_argument("--block-mib", type=float, default=1.0)
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=3)
