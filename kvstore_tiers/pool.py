@@ -102,8 +102,13 @@ class IOPool:
     def num_threads(self) -> int:
         return len(self._threads)
 
-    def submit(self, job: PoolJob, tasks: Sequence[IOTask], is_load: bool) -> bool:
-        """Queue ``tasks`` of ``job``; False (nothing queued) if the queue is full or closed."""
+    def submit(self, tasks: Sequence[IOTask], is_load: bool) -> bool:
+        """Queue ``tasks`` (all of one job); False (nothing queued) if full or closed."""
+        if not tasks:
+            raise ValueError("a job needs at least one task")
+        job = tasks[0].job
+        if any(t.job is not job for t in tasks):
+            raise ValueError("all tasks of one submit must belong to one job")
         n_chunks = sum(t.n_chunks for t in tasks)
         with self._cond:
             if self._stop or self._queued_chunks + n_chunks > self._max_queued_chunks:

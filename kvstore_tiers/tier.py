@@ -389,7 +389,7 @@ class KVStoreTier(SecondaryTierManager):
         if not is_load:
             self._storing.update(keys[i] for i in todo)
         self._jobs[tj.job_id] = job
-        if not self._pool.submit(job, tasks, is_load):
+        if not self._pool.submit(tasks, is_load):
             self._jobs.pop(tj.job_id, None)
             if not is_load:
                 self._storing.difference_update(keys[i] for i in todo)
@@ -422,6 +422,8 @@ class KVStoreTier(SecondaryTierManager):
                 for s, item, err in zip(task.slots, items, errors, strict=True):
                     job.outcomes[s] = err
                     job.stored_bytes[s] = item.stored_len
+                    if isinstance(err, ObjectCorrupt):
+                        self._remove_corrupt(item.name)
             else:
                 sitems = [
                     StoreItem(name_of(job.keys[job.todo[s]]), job.keys[job.todo[s]],
@@ -437,6 +439,16 @@ class KVStoreTier(SecondaryTierManager):
             err = classify(exc)
             for s in task.slots:
                 job.outcomes[s] = err
+
+    def _remove_corrupt(self, name: str) -> None:
+        """I/O thread: delete a corrupt object so no later lookup finds it."""
+        try:
+            self.backend.delete(name)
+        except Exception as exc:
+            self._warn.warning(
+                "corrupt-delete", "kvstore tier %s: could not remove corrupt object %s: %s",
+                self.tier_type, name, exc,
+            )
 
     def _complete(self, job: _Job) -> JobResult:
         """Scheduler thread: turn a finished pool job into vLLM's JobResult."""

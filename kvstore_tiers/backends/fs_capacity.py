@@ -137,11 +137,15 @@ class CapacityController:
             return True
         return self.min_free is not None and self._free_bytes() < self.min_free
 
-    def evict_now(self) -> int:
-        """Count the real usage and evict LRU objects if over; returns objects removed."""
-        with _flock(self._evict_lock_path, blocking=False) as got:
+    def evict_now(self, wait: bool = False) -> int:
+        """Count the real usage and evict LRU objects if over; returns objects removed.
+
+        With ``wait=False`` it returns 0 at once when another evictor (thread
+        or process) is already at work, since that one will do the job.
+        """
+        with _flock(self._evict_lock_path, blocking=wait) as got:
             if not got:
-                return 0  # another process is evicting
+                return 0
             total, entries = scan(self.base)
             with _flock(self._lock_path):
                 self._write_usage(total)

@@ -1,0 +1,53 @@
+"""Shared fixtures: the real KV samples and vLLM harnesses that clean up after themselves."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+KV_SAMPLES_DIR = Path(os.environ.get("KVSTORE_KV_SAMPLES", REPO.parent / "shared/data/kv-samples"))
+
+
+def load_kv_samples() -> list[tuple[dict[str, Any], np.ndarray]]:
+    """[(file entry of the JSON sidecar, blocks as (num_blocks, block_bytes) uint8)]."""
+    meta = json.loads((KV_SAMPLES_DIR / "kv-samples.json").read_text())
+    out = []
+    for entry in meta["files"]:
+        raw = np.fromfile(KV_SAMPLES_DIR / entry["file"], dtype=np.uint8)
+        out.append((entry, raw.reshape(entry["num_blocks"], entry["block_bytes"])))
+    return out
+
+
+@pytest.fixture(scope="session")
+def kv_samples() -> list[tuple[dict[str, Any], np.ndarray]]:
+    if not (KV_SAMPLES_DIR / "kv-samples.json").exists():
+        pytest.skip(f"real KV samples not found at {KV_SAMPLES_DIR}")
+    return load_kv_samples()
+
+
+@pytest.fixture
+def harness_factory() -> Iterator[Callable[..., Any]]:
+    """Build vLLM spec+manager harnesses; every one is shut down at test end."""
+    from kvstore_tiers.harness import build_harness
+
+    made: list[Any] = []
+
+    def make(tiers: list[dict[str, Any]], **kwargs: Any) -> Any:
+        h = build_harness(tiers, **kwargs)
+        made.append(h)
+        return h
+
+    yield make
+    for h in made:
+        h.shutdown()
+
+
+def rows_like(n: int, row_bytes: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (n, row_bytes), dtype=np.uint8)

@@ -1,0 +1,267 @@
+"""The fs tier under vLLM's real TieringOffloadingManager, driven like the scheduler."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from vllm.v1.kv_offload.base import LookupResult
+
+from kvstore_tiers.errors import ConfigError
+from kvstore_tiers.harness import make_keys
+
+from ..conftest import rows_like
+
+ROW = 16384
+HIT, MISS = LookupResult.HIT, LookupResult.MISS
+
+
+def _objects(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.kvf"))
+
+
+def _store_all(h, keys, rows) -> None:
+    ctx = h.store(keys, rows)
+    h.settle()
+    h.finish_request(ctx)
+
+
+def test_roundtrip_is_byte_exact(harness_factory, tmp_path) -> None:
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=16, chunk_bytes=ROW)
+    keys, rows = make_keys(10), rows_like(10, ROW)
+    _store_all(h, keys, rows)
+    tier = h.tiers[0]
+    assert type(tier).__name__ == "FileSystemTier"
+    assert tier.counters.objects_stored == 10 and len(_objects(tmp_path)) == 10
+    h.forget_primary()
+    ctx = h.new_request()
+    results, _ = h.lookup_until_resolved(keys, ctx)
+    assert results == [HIT] * 10
+    assert np.array_equal(h.load(keys, ctx), rows)
+    assert tier.counters.objects_loaded == 10 and tier.counters.corrupt_objects == 0
+
+
+def test_real_kv_blocks_roundtrip_with_every_codec(harness_factory, tmp_path, kv_samples) -> None:
+    entry, blocks = kv_samples[0]
+    row = entry["block_bytes"]
+    for codec in ("none", "zstd", "kvsplit"):
+        root = tmp_path / codec
+        h = harness_factory([{"type": "fs", "root_dir": str(root), "compression": codec}],
+                            num_chunks=16, chunk_bytes=row)
+        keys = make_keys(len(blocks), seed=3)
+        _store_all(h, keys, blocks)
+        on_disk = sum(p.stat().st_size for p in _objects(root))
+        if codec == "kvsplit":
+            assert on_disk < 0.75 * blocks.nbytes  # ~1.45x on real bf16 KV
+        h.forget_primary()
+        ctx = h.new_request()
+        assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * len(keys)
+        assert np.array_equal(h.load(keys, ctx), blocks), codec
+
+
+def test_second_manager_hits_what_the_first_stored(harness_factory, tmp_path) -> None:
+    """A fresh engine (new manager, empty presence index) finds blocks on disk."""
+    cfg = [{"type": "fs", "root_dir": str(tmp_path)}]
+    keys, rows = make_keys(6, seed=5), rows_like(6, ROW, seed=5)
+    _store_all(harness_factory(cfg, chunk_bytes=ROW), keys, rows)
+    h2 = harness_factory(cfg, chunk_bytes=ROW)
+    ctx = h2.new_request()
+    results, steps = h2.lookup_until_resolved(keys + make_keys(2, seed=99), ctx)
+    assert results == [HIT] * 6 + [MISS] * 2
+    assert steps >= 2  # unknown keys go through the asynchronous check (RETRY first)
+    assert np.array_equal(h2.load(keys, ctx), rows)
+
+
+def test_existing_objects_are_not_rewritten(harness_factory, tmp_path) -> None:
+    cfg = [{"type": "fs", "root_dir": str(tmp_path)}]
+    keys, rows = make_keys(4, seed=7), rows_like(4, ROW)
+    _store_all(harness_factory(cfg, chunk_bytes=ROW), keys, rows)
+    mtimes = [p.stat().st_mtime_ns for p in _objects(tmp_path)]
+    h2 = harness_factory(cfg, chunk_bytes=ROW)
+    _store_all(h2, keys, rows)
+    assert h2.tiers[0].counters.objects_skipped == 4
+    assert h2.tiers[0].counters.objects_stored == 0
+    assert [p.stat().st_mtime_ns for p in _objects(tmp_path)] == mtimes
+
+
+def _foreign_object(tmp_path: Path, key: bytes) -> bytes:
+    """The frame another model's namespace stores for the same block key."""
+    from kvstore_tiers.harness import build_harness
+
+    other = tmp_path / "other"
+    h = build_harness([{"type": "fs", "root_dir": str(other)}], chunk_bytes=ROW, model="org/other")
+    try:
+        _store_all(h, [key], rows_like(1, ROW, seed=42))
+    finally:
+        h.shutdown()
+    (obj,) = _objects(other)
+    return obj.read_bytes()
+
+
+def test_corrupt_truncated_foreign_objects_are_misses_never_wrong_bytes(
+    harness_factory, tmp_path
+) -> None:
+    root = tmp_path / "kv"
+    cfg = [{"type": "fs", "root_dir": str(root)}]
+    keys, rows = make_keys(8, seed=11), rows_like(8, ROW, seed=11)
+    _store_all(harness_factory(cfg, chunk_bytes=ROW), keys, rows)
+    tier_ns = harness_factory(cfg, chunk_bytes=ROW).tiers[0].namespace
+    path_of = {k: root / tier_ns.object_name(k) for k in keys}
+    # 0: bit flip in the payload; 1: truncated; 2: zeroed (same length);
+    # 3: another namespace's object for the same key; 4: empty; 5-7 intact.
+    data = bytearray(path_of[keys[0]].read_bytes())
+    data[-100] ^= 0x40
+    path_of[keys[0]].write_bytes(bytes(data))
+    path_of[keys[1]].write_bytes(path_of[keys[1]].read_bytes()[:-4096])
+    path_of[keys[2]].write_bytes(bytes(path_of[keys[2]].stat().st_size))
+    path_of[keys[3]].write_bytes(_foreign_object(tmp_path, keys[3]))
+    path_of[keys[4]].write_bytes(b"")
+
+    h = harness_factory(cfg, chunk_bytes=ROW)
+    tier = h.tiers[0]
+    ctx = h.new_request()
+    # The damaged objects exist, so the existence check says HIT; the load
+    # then rejects them and the same request sees MISS from then on.
+    results, _ = h.lookup_until_resolved(keys, ctx)
+    assert results[5:] == [HIT] * 3
+    assert results[:5] == [MISS] * 5
+    assert tier.counters.corrupt_objects == 5
+    assert all(not path_of[k].exists() for k in keys[:5])  # removed
+    assert np.array_equal(h.load(keys[5:], ctx), rows[5:])
+
+
+def test_partial_promotion_failure_keeps_the_good_keys(harness_factory, tmp_path) -> None:
+    cfg = [{"type": "fs", "root_dir": str(tmp_path)}]
+    h = harness_factory(cfg, chunk_bytes=ROW)
+    keys, rows = make_keys(6, seed=13), rows_like(6, ROW, seed=13)
+    _store_all(h, keys, rows)
+    h.forget_primary()
+    # The presence index answers HIT at once; the files of two keys vanish
+    # before the promotion runs (evicted by another engine, say).
+    ns = h.tiers[0].namespace
+    for k in (keys[1], keys[4]):
+        (tmp_path / ns.object_name(k)).unlink()
+    ctx = h.new_request()
+    results, _ = h.lookup_until_resolved(keys, ctx)
+    assert results == [HIT, MISS, HIT, HIT, MISS, HIT]
+    good = [keys[i] for i in (0, 2, 3, 5)]
+    assert np.array_equal(h.load(good, ctx), rows[[0, 2, 3, 5]])
+    assert h.tiers[0].counters.load_misses == 2
+
+
+def test_store_errors_fail_the_job_and_the_tier_stays_usable(
+    harness_factory, tmp_path, monkeypatch
+) -> None:
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)
+    real_writev = os.writev
+    for code in (errno.ENOSPC, errno.EIO, errno.EACCES):
+        def failing(fd, bufs, _code=code):
+            raise OSError(_code, os.strerror(_code))
+        monkeypatch.setattr(os, "writev", failing)
+        _store_all(h, make_keys(2, seed=code), rows_like(2, ROW))
+        monkeypatch.setattr(os, "writev", real_writev)
+    tier = h.tiers[0]
+    assert tier.counters.store_failures == 6 and tier.counters.objects_stored == 0
+    assert not list(tmp_path.rglob("*.tmp"))  # no temp file left behind
+    keys, rows = make_keys(3, seed=1000), rows_like(3, ROW)
+    _store_all(h, keys, rows)
+    assert tier.counters.objects_stored == 3
+    h.forget_primary()
+    ctx = h.new_request()
+    assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 3
+
+
+def test_load_io_error_is_a_failed_key_not_an_exception(
+    harness_factory, tmp_path, monkeypatch
+) -> None:
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)
+    keys, rows = make_keys(3, seed=17), rows_like(3, ROW)
+    _store_all(h, keys, rows)
+    h.forget_primary()
+
+    def eio(*a, **k):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "readv", eio)
+    ctx = h.new_request()
+    assert h.lookup_until_resolved(keys, ctx)[0] == [MISS] * 3
+    assert h.tiers[0].counters.load_failures == 3
+    assert all((tmp_path / h.tiers[0].namespace.object_name(k)).exists() for k in keys)
+
+
+def test_unusable_root_dir_fails_startup_naming_it(tmp_path) -> None:
+    from kvstore_tiers.harness import build_harness
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match="root_dir"):
+        build_harness([{"type": "fs", "root_dir": str(blocker / "sub")}])
+
+
+def test_bad_key_fails_startup_naming_it(tmp_path) -> None:
+    from kvstore_tiers.harness import build_harness
+
+    with pytest.raises(ConfigError, match="'max_byts'"):
+        build_harness([{"type": "fs", "root_dir": str(tmp_path), "max_byts": 1}])
+
+
+def test_missing_root_dir_is_created(harness_factory, tmp_path) -> None:
+    root = tmp_path / "a" / "b"
+    h = harness_factory([{"type": "fs", "root_dir": str(root)}])
+    assert (root / h.tiers[0].namespace.name / "config.json").exists()
+
+
+def test_reset_cache_drains_and_reports_every_job(harness_factory, tmp_path) -> None:
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "n_read_threads": 1,
+                          "n_write_threads": 1}], num_chunks=64, chunk_bytes=ROW)
+    keys, rows = make_keys(48, seed=19), rows_like(48, ROW)
+    ctx = h.store(keys, rows)
+    h.forget_primary()  # drain_jobs with stores queued, then the manager asserts no job is left
+    h.finish_request(ctx)
+    h.settle()
+    c = h.tiers[0].counters
+    assert c.objects_stored + c.store_failures == 48  # every key accounted for
+    again = make_keys(4, seed=20)
+    _store_all(h, again, rows[:4])
+    assert c.objects_stored >= 4
+
+
+def test_shutdown_releases_the_primary_and_stops_threads(tmp_path) -> None:
+    from kvstore_tiers.harness import build_harness
+
+    before = {t.ident for t in threading.enumerate()}
+    h = build_harness([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)
+    _store_all(h, make_keys(3), rows_like(3, ROW))
+    mm = h.spec._scheduler_mmap.mmap_obj
+    h.shutdown()
+    h.tiers[0].shutdown()  # idempotent
+    leftover = [t.name for t in threading.enumerate() if t.ident not in before]
+    assert leftover == []
+    with pytest.raises(ValueError):  # closed: no exported view kept it mapped
+        len(mm)
+
+
+def test_events_and_metrics(harness_factory, tmp_path) -> None:
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "enable_kv_events": True}],
+                        chunk_bytes=ROW)
+    keys = make_keys(3, seed=23)
+    _store_all(h, keys, rows_like(3, ROW))
+    tier = h.tiers[0]
+    events = list(tier.take_events())
+    assert [sorted(e.keys) for e in events] == [sorted(keys)]
+    assert events[0].removed is False and events[0].medium.value == "STORAGE"
+    assert list(tier.take_events()) == []
+    defs = type(tier).build_metric_definitions({"type": "fs"})
+    stats = tier.get_stats()
+    assert stats is not None and not stats.is_empty()
+    data = stats.data
+    names = set()
+    for section in data.values():
+        if isinstance(section, dict):
+            names |= set(section)
+    assert "vllm:kvstore_objects_stored" in names
+    assert names <= set(defs)

@@ -1,0 +1,64 @@
+"""Frames: every mismatch is ObjectCorrupt, never wrong bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvstore_tiers.codecs import CodecId
+from kvstore_tiers.errors import ObjectCorrupt
+from kvstore_tiers.frame import HEADER_FIXED, FrameCodec, header_length, parse_header
+
+NS = b"N" * 16
+KEY = b"\x01" * 32 + (0).to_bytes(4, "big")
+
+
+def _frame(codec: CodecId = CodecId.NONE, align: int = 8, seed: int = 0) -> tuple[bytes, bytes]:
+    raw = np.random.default_rng(seed).integers(0, 4, 8192, dtype=np.uint8).tobytes()
+    header, payload = FrameCodec(NS, codec, align).encode(KEY, memoryview(raw))
+    return bytes(header) + bytes(payload), raw
+
+
+@pytest.mark.parametrize("codec", list(CodecId))
+def test_roundtrip_and_header_fields(codec: CodecId) -> None:
+    frame, raw = _frame(codec)
+    dest = bytearray(len(raw))
+    header = FrameCodec(NS, codec).decode_into(KEY, frame, memoryview(dest))
+    assert bytes(dest) == raw
+    assert header.key == KEY and header.namespace == NS and header.raw_len == len(raw)
+    assert header.header_len == header_length(len(KEY), 8) >= HEADER_FIXED + len(KEY)
+    assert header.total_len == len(frame)
+
+
+def test_page_aligned_header_for_o_direct() -> None:
+    frame, raw = _frame(CodecId.NONE, align=4096)
+    assert parse_header(frame).header_len == 4096
+    assert frame[4096:] == raw
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        pytest.param(lambda f: f[:-1], id="truncated"),
+        pytest.param(lambda f: f[:40], id="truncated-header"),
+        pytest.param(lambda f: f[:-1] + bytes([f[-1] ^ 0x01]), id="payload-bitflip"),
+        pytest.param(lambda f: b"XXXX" + f[4:], id="bad-magic"),
+        pytest.param(lambda f: bytes(len(f)), id="zeroed"),
+        pytest.param(lambda f: f + b"\0", id="trailing-bytes"),
+    ],
+)
+def test_damaged_frames_are_corrupt(mutate) -> None:
+    frame, raw = _frame()
+    with pytest.raises(ObjectCorrupt):
+        FrameCodec(NS, CodecId.NONE).decode_into(KEY, mutate(frame), memoryview(bytearray(len(raw))))
+
+
+def test_other_key_other_namespace_other_length_are_corrupt() -> None:
+    frame, raw = _frame()
+    dest = memoryview(bytearray(len(raw)))
+    with pytest.raises(ObjectCorrupt, match="another key"):
+        FrameCodec(NS, CodecId.NONE).decode_into(b"\x02" * 36, frame, dest)
+    with pytest.raises(ObjectCorrupt, match="another namespace"):
+        FrameCodec(b"M" * 16, CodecId.NONE).decode_into(KEY, frame, dest)
+    with pytest.raises(ObjectCorrupt):
+        FrameCodec(NS, CodecId.NONE).decode_into(KEY, frame, memoryview(bytearray(len(raw) * 2)))

@@ -1,0 +1,89 @@
+"""Backend discovery, vLLM registration, the 'fs' takeover and the module_path route."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvstore_tiers.errors import ConfigError
+from kvstore_tiers.registry import backend_names, load_backend
+
+
+@pytest.fixture
+def fresh_vllm_registry(monkeypatch: pytest.MonkeyPatch):
+    """vLLM's tier registry as vLLM ships it (restored after the test)."""
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    saved = dict(SecondaryTierFactory._registry)
+    for name in list(SecondaryTierFactory._registry):
+        if name in ("s3", "redis", "kvstore_fs", "vllm_fs") or name not in (
+            "example", "fs", "p2p", "obj", "kvcr"
+        ):
+            del SecondaryTierFactory._registry[name]
+    from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
+
+    SecondaryTierFactory._registry["fs"] = lambda: FileSystemTierManager
+    yield SecondaryTierFactory
+    SecondaryTierFactory._registry.clear()
+    SecondaryTierFactory._registry.update(saved)
+
+
+def test_builtin_backends_are_discovered_by_entry_point() -> None:
+    assert {"fs", "s3", "redis"} <= set(backend_names())
+    assert load_backend("fs").name == "fs"
+
+
+def test_unknown_backend_lists_installed_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown tier type 'nope'.*installed: .*fs"):
+        load_backend("nope")
+
+
+def test_register_takes_over_fs_and_keeps_vllm_fs(fresh_vllm_registry) -> None:
+    from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
+
+    from kvstore_tiers.plugin import register
+    from kvstore_tiers.tier import KVStoreTier
+
+    register()
+    register()  # idempotent: a second call neither raises nor changes anything
+    factory = fresh_vllm_registry
+    ours = factory.get_tier_class({"type": "fs"})
+    assert issubclass(ours, KVStoreTier) and ours.backend_cls.name == "fs"
+    assert factory.get_tier_class({"type": "vllm_fs"}) is FileSystemTierManager
+    assert factory.get_tier_class({"type": "s3"}).backend_cls.name == "s3"
+    assert factory.get_tier_class({"type": "redis"}).backend_cls.name == "redis"
+
+
+def test_opt_out_leaves_vllm_fs_alone(fresh_vllm_registry, monkeypatch) -> None:
+    from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
+
+    from kvstore_tiers.plugin import register
+
+    monkeypatch.setenv("KVSTORE_TIERS_KEEP_VLLM_FS", "1")
+    register()
+    factory = fresh_vllm_registry
+    assert factory.get_tier_class({"type": "fs"}) is FileSystemTierManager
+    assert factory.get_tier_class({"type": "kvstore_fs"}).backend_cls.name == "fs"
+
+
+def test_load_general_plugins_registers_our_types_and_is_safe_twice(
+    fresh_vllm_registry, monkeypatch
+) -> None:
+    import vllm.plugins as plugins
+
+    monkeypatch.setattr(plugins, "plugins_loaded", False, raising=False)
+    monkeypatch.delenv("VLLM_PLUGINS", raising=False)
+    plugins.load_general_plugins()
+    monkeypatch.setattr(plugins, "plugins_loaded", False, raising=False)
+    plugins.load_general_plugins()
+    registry = fresh_vllm_registry._registry
+    assert {"s3", "redis", "vllm_fs", "kvstore_fs"} <= set(registry)
+    assert getattr(registry["fs"], "_kvstore_tiers", None) == "fs"
+
+
+def test_module_path_route_without_registration(fresh_vllm_registry) -> None:
+    from kvstore_tiers.tier import KVStoreTier
+
+    factory = fresh_vllm_registry
+    for type_name, backend in (("FileSystemTier", "fs"), ("s3", "s3"), ("redis", "redis")):
+        cls = factory.get_tier_class({"type": type_name, "module_path": "kvstore_tiers.tiers"})
+        assert issubclass(cls, KVStoreTier) and cls.backend_cls.name == backend
