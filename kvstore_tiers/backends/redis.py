@@ -76,8 +76,9 @@ SUFFIX = ".kvf"
 class RedisConfig(TierConfig):
     """Keys of the redis tier (``{"type": "redis", ...}`` in ``secondary_tiers``)."""
 
+    # repr=False: a URL may embed a password (redis://:pw@host); describe() redacts it.
     url: str | None = Field(
-        None, description="Server URL: redis://host:port/db, rediss:// (TLS) or "
+        None, repr=False, description="Server URL: redis://host:port/db, rediss:// (TLS) or "
         "unix:///path/redis.sock. Default redis://127.0.0.1:6379/0 unless 'nodes' is set.",
     )
     cluster: bool = Field(False, description="Talk to a Redis Cluster (redis-py RedisCluster).")

@@ -76,7 +76,9 @@ def test_password_in_url_is_redacted(auth_server, harness_factory, caplog):
     with caplog.at_level(logging.DEBUG):
         h = harness_factory([{"type": "redis", "url": url}], num_chunks=8, chunk_bytes=4096)
         round_trip(h)
-    assert SECRET not in repr(h.tiers[0]) and SECRET not in caplog.text
+    tier = h.tiers[0]
+    for text in (repr(tier), repr(tier.config), tier.backend.describe(), caplog.text):
+        assert SECRET not in text
     assert ":***@" in h.tiers[0].backend.describe()
 
 
