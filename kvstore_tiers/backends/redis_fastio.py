@@ -307,9 +307,31 @@ class FastIO:
 
 
 def fast_io_supported(client: Any) -> bool:
-    """True if ``client`` is a plain (non-cluster) redis-py client we can borrow from."""
+    """True if ``client`` is a plain (non-cluster) redis-py client we can borrow from.
+
+    Checks, on a real pooled connection, the redis-py internals the fast path
+    relies on (``send_packed_command``, ``read_response`` and the connected
+    socket ``_sock``), so a future redis-py that changes them makes the
+    backend fall back to plain pipelines instead of failing every transfer.
+    """
     pool = getattr(client, "connection_pool", None)
-    return pool is not None and hasattr(pool, "get_connection") and hasattr(pool, "release")
+    if pool is None or not hasattr(pool, "get_connection") or not hasattr(pool, "release"):
+        return False
+    try:
+        conn = pool.get_connection()
+    except Exception:
+        return False
+    try:
+        if not getattr(conn, "_sock", None):
+            conn.connect()
+        sock = getattr(conn, "_sock", None)
+        return (sock is not None and hasattr(sock, "recv_into")
+                and callable(getattr(conn, "send_packed_command", None))
+                and callable(getattr(conn, "read_response", None)))
+    except Exception:
+        return False
+    finally:
+        pool.release(conn)
 
 
 __all__ = ["HEADER_FIXED", "FastIO", "fast_io_supported"]
