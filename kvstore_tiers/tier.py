@@ -121,6 +121,26 @@ class _Task:
             self.job.outcomes[s] = err
 
 
+@dataclass(eq=False)
+class _TouchTask:
+    """Background refresh of recency/expiry (``Backend.touch_many``); no vLLM job."""
+
+    backend: Backend
+    names: list[str]
+    job: PoolJob
+
+    @property
+    def n_chunks(self) -> int:
+        return len(self.names)
+
+    def run(self, ctx: FrameCodec) -> None:
+        with contextlib.suppress(Exception):  # best effort: a failed touch only ages a key
+            self.backend.touch_many(self.names)
+
+    def cancel(self) -> None:
+        return
+
+
 class _BackendLookup(AsyncLookupManager):
     """vLLM's AsyncLookupManager over ``Backend.exists_many`` (worker thread)."""
 
@@ -259,7 +279,8 @@ class KVStoreTier(SecondaryTierManager):
             finished = self._pool.finished
             while finished:
                 job = finished.popleft()
-                assert isinstance(job, _Job)
+                if not isinstance(job, _Job):
+                    continue  # a background touch, not a vLLM job
                 self._jobs.pop(job.job_id, None)
                 results.append(self._complete(job))
         except Exception:
@@ -271,6 +292,21 @@ class KVStoreTier(SecondaryTierManager):
             return ()
         events, self.events = self.events, []
         return events
+
+    def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
+        """Refresh recency/expiry of blocks the primary just reused, in the background.
+
+        Only for backends that override ``touch_many`` (e.g. redis ``ttl_s``,
+        fs LRU); the batch goes to the I/O pool, or is dropped if it is full.
+        """
+        try:
+            if type(self.backend).touch_many is Backend.touch_many or not keys:
+                return
+            names = [self.namespace.object_name(k) for k in keys if k in self._presence]
+            if names:
+                self._pool.submit([_TouchTask(self.backend, names, PoolJob(-1))], is_load=False)
+        except Exception:
+            logger.exception("kvstore tier %s: touch failed", self.tier_type)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         try:
@@ -495,6 +531,7 @@ class KVStoreTier(SecondaryTierManager):
             key = job.keys[job.todo[slot]]
             if err is None:
                 ok.append(key)
+                self._presence.add(key)  # known to exist: later stores skip it
                 continue
             bad.append(key)
             self._presence.discard(key)

@@ -214,6 +214,8 @@ class FileSystemBackend(Backend):
                 yield ObjectInfo(os.path.relpath(full, self.root), st.st_size, st.st_mtime)
 
     def touch_many(self, names: Sequence[str]) -> None:
+        if self.capacity is None:
+            return  # mtime only matters to the LRU eviction of a capped store
         for n in names:
             with contextlib.suppress(OSError):
                 os.utime(self.path(n))

@@ -125,7 +125,12 @@ class CapacityController:
             delta, self._pending = self._pending, 0
         usage = self._add_usage(delta)
         self.last_usage = usage
-        if self._over(usage, slack=0):
+        if self.max_bytes is not None and usage > self.max_bytes:
+            # Past the cap itself (the background evictor fell behind): evict
+            # on this I/O thread before writing more, so the overshoot stays
+            # within one flush batch per process.
+            self.evict_now(wait=False)
+        elif self._over(usage, slack=0):
             self._wake.set()
 
     # -- policy -------------------------------------------------------------------
@@ -190,7 +195,8 @@ class CapacityController:
             delta, self._pending = self._pending, 0
         if delta:
             with contextlib.suppress(OSError):
-                self._add_usage(delta)
+                if self._over(self._add_usage(delta), slack=0):
+                    self.evict_now(wait=True)  # leave the store under its cap
 
     def _run(self) -> None:
         first = True

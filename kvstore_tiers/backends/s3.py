@@ -12,7 +12,7 @@ deadline (``request_deadline_s``). An ``asyncio.Semaphore`` of
 ``max_concurrency`` bounds the requests in flight, so hundreds of requests
 overlap without a thread each. ``max_batch`` chunks reach one pool task and
 go out concurrently (``store_many``/``load_many``/``exists_many`` gather).
-Frame encoding and decoding stay on the pool threads (zstd and xxh3 release
+Frame encoding and decoding stay on the pool threads (zstd and CRC-32C release
 the GIL), the loop thread only does HTTP. docs/s3.md has the measurement
 behind this choice (boto3 on threads vs aiobotocore on the same server).
 

@@ -170,7 +170,7 @@ def client_config(
                     "max_attempts": max_attempts or config.max_attempts},
         "max_pool_connections": pool or config.max_concurrency,
         "s3": {"addressing_style": config.addressing_style},
-        # The frame carries an xxh3 checksum of the raw row and a length that
+        # The frame carries a CRC-32C checksum of the raw row and a length that
         # the core verifies on every load; CRC32 trailers on top of it only
         # cost CPU and break some S3-compatible servers.
         "request_checksum_calculation": "when_required",

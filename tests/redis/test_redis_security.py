@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import REDIS_SERVER, random_rows
+from .conftest import REDIS_SERVER, random_rows
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.errors import ConfigError

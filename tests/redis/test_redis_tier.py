@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from conftest import RedisServer, random_rows
+from .conftest import RedisServer, random_rows
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.errors import ConfigError
@@ -290,7 +290,7 @@ def test_module_level_gc_for_the_cli(redis_server, harness_factory):
 
 
 def test_wrong_address_fails_startup_clearly(harness_factory):
-    from conftest import free_port
+    from .conftest import free_port
 
     cfg = {"type": "redis", "url": f"redis://127.0.0.1:{free_port()}/0", "retries": 0}
     with pytest.raises(ConfigError, match="cannot connect"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from s3_helpers import MISS, fetch, harness, make_keys, random_rows, store_all
+from .s3_helpers import MISS, fetch, harness, make_keys, random_rows, store_all
 
 from kvstore_tiers.backends.s3 import gc, install_lifecycle
 

@@ -50,7 +50,8 @@ def test_page_aligned_header_for_o_direct() -> None:
 def test_damaged_frames_are_corrupt(mutate) -> None:
     frame, raw = _frame()
     with pytest.raises(ObjectCorrupt):
-        FrameCodec(NS, CodecId.NONE).decode_into(KEY, mutate(frame), memoryview(bytearray(len(raw))))
+        dest = memoryview(bytearray(len(raw)))
+        FrameCodec(NS, CodecId.NONE).decode_into(KEY, mutate(frame), dest)
 
 
 def test_other_key_other_namespace_other_length_are_corrupt() -> None:

@@ -1,0 +1,348 @@
+"""fs tier benchmark: ours against vLLM's stock fs tier, in the same process.
+
+Run ``python -m kvstore_tiers.bench.fs_bench`` (``--help`` for options). Both
+tiers are built by vLLM's own factory inside vLLM's real
+TieringOffloadingManager (:mod:`kvstore_tiers.harness`), on the same
+directory's filesystem, with their default settings, in alternating rounds
+(the median is kept, since this machine is noisy). For each chunk size and
+for 1 and 4 concurrent requests:
+
+* **store GB/s**: one job per request cascaded primary -> tier, timed from
+  ``complete_store`` until every job's result was consumed;
+* **load GB/s**: a *fresh* manager (as a new engine would be) looks the keys
+  up step by step like the scheduler, promotes and loads them; timed from the
+  first lookup until every key is HIT in the primary;
+* **disk O_DIRECT read/write GB/s**: the machine's own limit, measured in the
+  same run on the same directory with the same number of threads as our
+  load-priority pool;
+* **scheduler-thread time** of ``submit_store``, ``submit_load``, ``lookup``
+  and ``get_finished_jobs``: p50/p99 microseconds per call and per chunk,
+  with about 1,000 chunks in flight.
+
+Incompressible random bytes; our tier with its default ``compression``
+(``auto`` = none for fs). Prints a table and writes JSON (``--json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import mmap
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from kvstore_tiers.harness import Harness, build_harness, make_keys
+
+KiB, MiB = 1 << 10, 1 << 20
+TIERS = {"kvstore": "fs", "vllm": "vllm_fs"}
+
+
+# ----------------------------------------------------------------- disk limit
+def disk_o_direct(directory: Path, chunk: int, total: int, threads: int) -> dict[str, float]:
+    """O_DIRECT write then read of ``total`` bytes in ``chunk`` pieces, ``threads`` wide."""
+    n = max(threads, total // chunk)
+    bufs = [mmap.mmap(-1, chunk) for _ in range(threads)]
+    for b in bufs:
+        b.write(os.urandom(chunk))
+    paths = [directory / f".disk_probe_{i}" for i in range(n)]
+    flag = getattr(os, "O_DIRECT", 0)
+
+    def run(fn: Callable[[int, mmap.mmap], None]) -> float:
+        t0 = time.perf_counter()
+        idx = iter(range(n))
+        lock = threading.Lock()
+
+        def worker(buf: mmap.mmap) -> None:
+            while True:
+                with lock:
+                    i = next(idx, None)
+                if i is None:
+                    return
+                fn(i, buf)
+
+        ts = [threading.Thread(target=worker, args=(b,)) for b in bufs]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        return n * chunk / (time.perf_counter() - t0) / 1e9
+
+    def write(i: int, buf: mmap.mmap) -> None:
+        fd = os.open(paths[i], os.O_CREAT | os.O_WRONLY | os.O_TRUNC | flag, 0o644)
+        try:
+            os.write(fd, buf)
+        finally:
+            os.close(fd)
+
+    def read(i: int, buf: mmap.mmap) -> None:
+        fd = os.open(paths[i], os.O_RDONLY | flag)
+        try:
+            os.readv(fd, [buf])
+        finally:
+            os.close(fd)
+
+    try:
+        return {"write_gbps": run(write), "read_gbps": run(read)}
+    finally:
+        for p in paths:
+            p.unlink(missing_ok=True)
+        for b in bufs:
+            b.close()
+
+
+# ------------------------------------------------------------ tier throughput
+def _tier_cfg(kind: str, root: Path) -> dict[str, Any]:
+    return {"type": TIERS[kind], "root_dir": str(root)}
+
+
+def _settle(h: Harness) -> None:
+    h.settle(timeout_s=600)
+
+
+def store_round(kind: str, root: Path, chunk: int, n: int, n_req: int, seed: int
+                ) -> tuple[float, list[bytes]]:
+    """GB/s of cascading ``n`` chunks (split over ``n_req`` requests) to the tier."""
+    h = build_harness([_tier_cfg(kind, root)], num_chunks=n, chunk_bytes=chunk)
+    try:
+        keys = make_keys(n, seed=seed)
+        rows = np.random.default_rng(seed).integers(0, 256, (n, chunk), dtype=np.uint8)
+        per = n // n_req
+        groups = [list(range(r * per, (r + 1) * per)) for r in range(n_req)]
+        ctxs = [h.new_request() for _ in groups]
+        with h.locked():
+            outs = [h.manager.prepare_store([keys[i] for i in g], c) for g, c in zip(
+                groups, ctxs, strict=True)]
+            for g, out in zip(groups, outs, strict=True):
+                for cid, i in zip(np.asarray(out.store_spec.chunk_ids), g, strict=True):
+                    h.view[int(cid)] = rows[i]
+        t0 = time.perf_counter()
+        with h.locked():
+            for g, c in zip(groups, ctxs, strict=True):
+                h.manager.complete_store([keys[i] for i in g], c)
+        _settle(h)
+        dt = time.perf_counter() - t0
+        for c in ctxs:
+            h.finish_request(c)
+        return n * chunk / dt / 1e9, keys
+    finally:
+        h.shutdown()
+
+
+def load_round(kind: str, root: Path, chunk: int, keys: list[bytes], n_req: int) -> float:
+    """GB/s of a fresh engine promoting ``keys`` (split over ``n_req`` requests)."""
+    n = len(keys)
+    h = build_harness([_tier_cfg(kind, root)], num_chunks=n, chunk_bytes=chunk)
+    try:
+        per = n // n_req
+        reqs = [(h.new_request(), keys[r * per:(r + 1) * per]) for r in range(n_req)]
+        t0 = time.perf_counter()
+        promote_all(h, reqs)
+        dt = time.perf_counter() - t0
+        for ctx, _ks in reqs:
+            h.finish_request(ctx)
+        return n * chunk / dt / 1e9
+    finally:
+        h.shutdown()
+
+
+def promote_all(h: Harness, reqs: list[tuple[Any, list[bytes]]]) -> None:
+    """Scheduler-like loop: look every request's keys up each step until none
+    is RETRY (all promotions queued), step until the transfers are consumed,
+    then check every key is a HIT in the primary."""
+    from vllm.v1.kv_offload.base import LookupResult
+
+    for _ in range(100_000):
+        with h.locked():
+            waiting = any(h.manager.lookup(k, ctx) is LookupResult.RETRY
+                          for ctx, ks in reqs for k in ks)
+        h.step()
+        if not waiting:
+            break
+        time.sleep(0.0002)
+    for _ in range(1_000_000):
+        with h.locked():
+            pending = h.manager.has_pending_work()
+        if not pending:
+            break
+        time.sleep(0.0002)
+        h.step()
+    with h.locked():
+        missing = sum(h.manager.lookup(k, ctx) is not LookupResult.HIT
+                      for ctx, ks in reqs for k in ks)
+    if missing:
+        raise RuntimeError(f"{missing} keys were not loaded")
+
+
+# --------------------------------------------------------- scheduler-thread time
+def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight: int
+                   ) -> dict[str, dict[str, float]]:
+    """p50/p99 microseconds of the tier methods vLLM calls, per call and per chunk."""
+    h = build_harness([_tier_cfg(kind, root)], num_chunks=in_flight * 2, chunk_bytes=chunk)
+    tier = h.tiers[0]
+    samples: dict[str, list[tuple[float, int]]] = {
+        m: [] for m in ("submit_store", "submit_load", "lookup", "get_finished_jobs")}
+    originals = {m: getattr(tier, m) for m in samples}
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*a: Any) -> Any:
+            t0 = time.perf_counter()
+            out = fn(*a)
+            if name == "get_finished_jobs":
+                out = list(out)
+            dt = time.perf_counter() - t0
+            chunks = len(a[0].keys) if name.startswith("submit") else 1
+            if name == "get_finished_jobs":
+                chunks = max(1, len(out))
+            samples[name].append((dt, chunks))
+            return out
+        return wrapper
+
+    try:
+        for m, fn in originals.items():
+            setattr(tier, m, timed(m, fn))
+        keys = make_keys(in_flight, seed=77)
+        rows = np.random.default_rng(1).integers(0, 256, (job_chunks, chunk), dtype=np.uint8)
+        ctx = h.new_request()
+        for s in range(0, in_flight, job_chunks):  # ~in_flight chunks queued at once
+            with h.locked():
+                ks = keys[s:s + job_chunks]
+                out = h.manager.prepare_store(ks, ctx)
+                for cid, row in zip(np.asarray(out.store_spec.chunk_ids), rows, strict=False):
+                    h.view[int(cid)] = row
+                h.manager.complete_store(ks, ctx)
+        _settle(h)
+        h.finish_request(ctx)
+        h.forget_primary()
+        h2 = h  # same manager: lookups answered by presence (ours) or async (stock)
+        ctxs = [h2.new_request() for _ in range(0, in_flight, job_chunks)]
+        promote_all(h2, [(c, keys[s:s + job_chunks])
+                         for c, s in zip(ctxs, range(0, in_flight, job_chunks), strict=True)])
+        for c in ctxs:
+            h2.finish_request(c)
+    finally:
+        for m, fn in originals.items():
+            setattr(tier, m, fn)
+        h.shutdown()
+
+    def pct(xs: list[float], q: float) -> float:
+        return float(np.percentile(xs, q)) * 1e6 if xs else float("nan")
+
+    report = {}
+    for name, xs in samples.items():
+        per_call = [t for t, _ in xs]
+        per_chunk = [t / c for t, c in xs]
+        report[name] = {"calls": len(xs), "p50_us": pct(per_call, 50), "p99_us": pct(per_call, 99),
+                        "p50_us_per_chunk": pct(per_chunk, 50),
+                        "p99_us_per_chunk": pct(per_chunk, 99)}
+    return report
+
+
+# ------------------------------------------------------------------------ main
+def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
+        progress: Callable[[str], None] = print) -> dict[str, Any]:
+    from kvstore_tiers.plugin import register
+
+    register()  # makes "vllm_fs" available next to our "fs"
+    result: dict[str, Any] = {"directory": str(directory), "rounds": rounds, "throughput": [],
+                              "disk": {}, "scheduler": {}}
+    for chunk in chunk_sizes:
+        n = max(16, total_bytes // chunk)
+        n -= n % 4
+        threads = 8
+        disk = [disk_o_direct(directory, chunk, total_bytes, threads) for _ in range(rounds)]
+        result["disk"][chunk] = {k: statistics.median(d[k] for d in disk) for k in disk[0]}
+        progress(f"disk O_DIRECT at {chunk // KiB} KiB: {result['disk'][chunk]}")
+        for n_req in (1, 4):
+            per: dict[str, dict[str, list[float]]] = {k: {"store": [], "load": []} for k in TIERS}
+            for r in range(rounds):
+                for kind in (TIERS if r % 2 == 0 else reversed(list(TIERS))):
+                    root = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-", dir=directory))
+                    try:
+                        gbps, keys = store_round(kind, root, chunk, n, n_req, seed=r)
+                        per[kind]["store"].append(gbps)
+                        per[kind]["load"].append(load_round(kind, root, chunk, keys, n_req))
+                    finally:
+                        shutil.rmtree(root, ignore_errors=True)
+            row = {"chunk_bytes": chunk, "requests": n_req, "chunks": n}
+            for kind in TIERS:
+                for op in ("store", "load"):
+                    row[f"{kind}_{op}_gbps"] = statistics.median(per[kind][op])
+            for op in ("store", "load"):
+                row[f"{op}_ratio"] = row[f"kvstore_{op}_gbps"] / row[f"vllm_{op}_gbps"]
+            row["load_vs_disk_read"] = row["kvstore_load_gbps"] / result["disk"][chunk]["read_gbps"]
+            result["throughput"].append(row)
+            progress(f"{chunk // KiB} KiB x{n_req}: " + ", ".join(
+                f"{k}={v:.3f}" for k, v in row.items() if isinstance(v, float)))
+    for kind in TIERS:
+        root = Path(tempfile.mkdtemp(prefix=f"bench-sched-{kind}-", dir=directory))
+        try:
+            result["scheduler"][kind] = scheduler_cost(kind, root, 256 * KiB, 16, 1024)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        progress(f"scheduler-thread cost ({kind}): {result['scheduler'][kind]}")
+    return result
+
+
+def print_report(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title="fs tier vs vLLM's stock fs tier (median of rounds, same run)")
+    for col in ("chunk", "reqs", "store ours", "store vLLM", "ratio", "load ours", "load vLLM",
+                "ratio", "disk read", "load/disk"):
+        t.add_column(col, justify="right")
+    for row in result["throughput"]:
+        disk = result["disk"][row["chunk_bytes"]]
+        t.add_row(
+            f"{row['chunk_bytes'] // KiB} KiB", str(row["requests"]),
+            f"{row['kvstore_store_gbps']:.2f}", f"{row['vllm_store_gbps']:.2f}",
+            f"{row['store_ratio']:.2f}x", f"{row['kvstore_load_gbps']:.2f}",
+            f"{row['vllm_load_gbps']:.2f}", f"{row['load_ratio']:.2f}x",
+            f"{disk['read_gbps']:.2f}", f"{row['load_vs_disk_read']:.0%}",
+        )
+    console.print(t)
+    s = Table(title="scheduler-thread time, us (16-chunk jobs, ~1,000 chunks in flight)")
+    for col in ("method", "tier", "calls", "p50", "p99", "p50/chunk", "p99/chunk"):
+        s.add_column(col, justify="right")
+    for kind, methods in result["scheduler"].items():
+        for name, m in methods.items():
+            s.add_row(name, kind, str(m["calls"]), f"{m['p50_us']:.1f}", f"{m['p99_us']:.1f}",
+                      f"{m['p50_us_per_chunk']:.2f}", f"{m['p99_us_per_chunk']:.2f}")
+    console.print(s)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", default=".bench-fs", help="directory on the disk to measure")
+    p.add_argument("--chunk-kib", type=int, nargs="+", default=[256, 2048])
+    p.add_argument("--total-mib", type=int, default=128, help="data per round and chunk size")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", help="write the result here")
+    args = p.parse_args(argv)
+    directory = Path(args.dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        result = run(directory.resolve(), [k * KiB for k in args.chunk_kib],
+                     args.total_mib * MiB, args.rounds)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    print_report(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
+    return result
+
+
+if __name__ == "__main__":
+    main()
