@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from .conftest import random_rows
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.harness import make_keys
+
+from .conftest import random_rows
 
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 

@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from .conftest import REDIS_SERVER, random_rows
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.harness import make_keys
+
+from .conftest import REDIS_SERVER, random_rows
 
 SECRET = "s3cr3t-Pa55-7f2c"
 

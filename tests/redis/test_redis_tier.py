@@ -14,12 +14,13 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
-from .conftest import RedisServer, random_rows
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.frame import parse_header
 from kvstore_tiers.harness import make_keys
+
+from .conftest import RedisServer, random_rows
 
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .s3_helpers import MISS, fetch, harness, make_keys, random_rows, store_all
-
 from kvstore_tiers.backends.s3 import gc, install_lifecycle
+
+from .s3_helpers import MISS, fetch, harness, make_keys, random_rows, store_all
 
 
 def test_lifecycle_rule_installed_once_and_other_rules_kept(

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from .faultproxy import FaultProxy
-from .s3_helpers import HIT, MISS, fetch, harness, make_keys, random_rows, store_all
 
 from kvstore_tiers.health import BreakerState
+
+from .faultproxy import FaultProxy
+from .s3_helpers import HIT, MISS, fetch, harness, make_keys, random_rows, store_all
 
 
 @pytest.fixture

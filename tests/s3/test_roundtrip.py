@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from .s3_helpers import (
     HIT,
     MISS,

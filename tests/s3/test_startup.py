@@ -12,12 +12,13 @@ from typing import Any
 import boto3
 import numpy as np
 import pytest
-from .conftest import free_port, run_moto
-from .faultproxy import FaultProxy
-from .s3_helpers import HIT, fetch, harness, make_keys, random_rows, store_all
 
 from kvstore_tiers.backends.s3_admin import as_config
 from kvstore_tiers.errors import ConfigError
+
+from .conftest import free_port, run_moto
+from .faultproxy import FaultProxy
+from .s3_helpers import HIT, fetch, harness, make_keys, random_rows, store_all
 
 SECRET = "s3cr3t/Value+ThatMustNeverLeak0000000000"
 TOKEN = "SessionTokenThatMustNeverLeak/abcdef0123456789"
