@@ -132,6 +132,25 @@ def build_llm(request: dict[str, Any]) -> Any:
     return LLM(**kwargs)
 
 
+def resolved_tier_classes(tiers: list[dict[str, Any]] | None) -> dict[str, str]:
+    """``type -> module.Class`` as vLLM's tier factory resolves it in this process.
+
+    Always includes ``"fs"``, to show whose fs tier that name means here (ours
+    when the ``kvstore_tiers`` plugin ran, vLLM's otherwise)."""
+    try:
+        from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+    except Exception:
+        return {}
+    out: dict[str, str] = {}
+    for cfg in [{"type": "fs"}, *(tiers or [])]:
+        try:
+            cls = SecondaryTierFactory.get_tier_class(dict(cfg))
+            out[cfg["type"]] = f"{cls.__module__}.{cls.__qualname__}"
+        except Exception as exc:
+            out[cfg["type"]] = f"error: {exc}"
+    return out
+
+
 def run(request: dict[str, Any]) -> dict[str, Any]:
     """Run one phase in this process; return the JSON-able result."""
     from vllm import SamplingParams, TokensPrompt
@@ -144,6 +163,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
         t0 = time.monotonic()
         llm = build_llm(request)
         load_s = time.monotonic() - t0
+        # after the engine exists: vLLM has loaded the general plugins here
+        tier_classes = resolved_tier_classes(request.get("secondary_tiers"))
         prompts = build_prompts(llm.get_tokenizer(), PromptPlan(**request["plan"]))
         sp = SamplingParams(temperature=0.0, max_tokens=int(request.get("max_tokens", 8)))
         with_connector = request.get("secondary_tiers") is not None
@@ -187,6 +208,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
             "prompts": results,
             "metrics": final,
             "tier_stats": _read_stats_files(os.environ.get("KVSTORE_TIERS_STATS_DIR")),
+            "tier_classes": tier_classes,
         }
     finally:
         events.emit(stage="done")

@@ -59,6 +59,7 @@ def test_second_process_is_served_from_tier(
     warm = run("served", tiny_model, [{"type": "fs", "root_dir": str(root)}], e2e_dir / "runs")
     _assert_served_from_tier(warm)
     assert outputs(warm) == outputs(tiny_baseline)
+    assert warm["tier_classes"]["fs"].startswith("kvstore_tiers."), warm["tier_classes"]
     counters = tier_counters(warm)
     assert counters["objects_loaded"] == DISTINCT_CHUNKS
     assert counters["corrupt_objects"] == 0
@@ -117,8 +118,10 @@ def test_module_path_route_without_tier_registration(
     cold = run("module-path-cold", tiny_model, tiers, e2e_dir / "runs", env=env)
     warm = run("module-path-warm", tiny_model, tiers, e2e_dir / "runs", env=env)
     log = Path(cold["log_path"]).read_text(errors="replace")
-    assert "kvstore_tiers_cpu: KV offloading enabled" in log
-    assert "tier type 'fs' now means" not in log  # registration plugin did not run
+    assert "kvstore_tiers_cpu: synchronous memmove offloading worker ready" in log
+    # the registration plugin did not run: "fs" is still vLLM's own tier here
+    assert cold["tier_classes"]["fs"].startswith("vllm."), cold["tier_classes"]
+    assert cold["tier_classes"]["FileSystemTier"].startswith("kvstore_tiers.")
     assert all(p["external_hit_tokens"] == 0 for p in cold["prompts"])
     _assert_served_from_tier(warm)
     assert outputs(cold) == outputs(tiny_baseline)
