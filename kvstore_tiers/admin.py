@@ -66,10 +66,7 @@ def parse_tiers(text_or_path: str) -> list[dict[str, Any]]:
     if isinstance(data, dict):
         if isinstance(data.get("kv_connector_extra_config"), dict):
             data = data["kv_connector_extra_config"]
-        if "secondary_tiers" in data:
-            data = data["secondary_tiers"]
-        else:
-            data = [data]
+        data = data.get("secondary_tiers", [data])
     if not isinstance(data, list) or not data:
         raise ConfigError("expected a tier dict, a list of them, or a config with "
                           "'secondary_tiers'")
