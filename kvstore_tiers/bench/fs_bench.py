@@ -44,6 +44,7 @@ import numpy as np
 from kvstore_tiers.harness import Harness, build_harness, make_keys
 
 KiB, MiB = 1 << 10, 1 << 20
+DEFAULT_SAMPLES = Path(os.environ.get("KVSTORE_KV_SAMPLES", "/work/shared/data/kv-samples"))
 TIERS = {"kvstore": "fs", "vllm": "vllm_fs"}
 
 
@@ -138,29 +139,33 @@ def store_round(kind: str, root: Path, chunk: int, n: int, n_req: int, seed: int
         h.shutdown()
 
 
-def load_round(kind: str, root: Path, chunk: int, keys: list[bytes], n_req: int) -> float:
-    """GB/s of a fresh engine promoting ``keys`` (split over ``n_req`` requests)."""
+def load_round(kind: str, root: Path, chunk: int, keys: list[bytes], n_req: int
+               ) -> tuple[float, int]:
+    """(GB/s, scheduler steps from first lookup to all HIT) of a fresh engine
+    promoting ``keys`` (split over ``n_req`` requests)."""
     n = len(keys)
     h = build_harness([_tier_cfg(kind, root)], num_chunks=n, chunk_bytes=chunk)
     try:
         per = n // n_req
         reqs = [(h.new_request(), keys[r * per:(r + 1) * per]) for r in range(n_req)]
         t0 = time.perf_counter()
-        promote_all(h, reqs)
+        steps = promote_all(h, reqs)
         dt = time.perf_counter() - t0
         for ctx, _ks in reqs:
             h.finish_request(ctx)
-        return n * chunk / dt / 1e9
+        return n * chunk / dt / 1e9, steps
     finally:
         h.shutdown()
 
 
-def promote_all(h: Harness, reqs: list[tuple[Any, list[bytes]]]) -> None:
+def promote_all(h: Harness, reqs: list[tuple[Any, list[bytes]]]) -> int:
     """Scheduler-like loop: look every request's keys up each step until none
     is RETRY (all promotions queued), step until the transfers are consumed,
-    then check every key is a HIT in the primary."""
+    then check every key is a HIT in the primary. Returns the scheduler steps
+    taken from the first lookup until every key was HIT."""
     from vllm.v1.kv_offload.base import LookupResult
 
+    start = h.steps
     for _ in range(100_000):
         with h.locked():
             waiting = any(h.manager.lookup(k, ctx) is LookupResult.RETRY
@@ -181,6 +186,7 @@ def promote_all(h: Harness, reqs: list[tuple[Any, list[bytes]]]) -> None:
                       for ctx, ks in reqs for k in ks)
     if missing:
         raise RuntimeError(f"{missing} keys were not loaded")
+    return h.steps - start + 1  # +1: the final lookup that answered HIT
 
 
 # --------------------------------------------------------- scheduler-thread time
@@ -250,7 +256,15 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
 
 # ------------------------------------------------------------------------ main
 def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
-        progress: Callable[[str], None] = print) -> dict[str, Any]:
+        progress: Callable[[str], None] = print, *,
+        samples_dir: Path | None = DEFAULT_SAMPLES, compression_mib: int = 32,
+        scheduler_in_flight: int = 1024,
+        on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every measurement of this module, in one result dict (see the module doc).
+
+    ``samples_dir``: real KV samples for the compression variants (skipped if
+    None or absent); ``on_row``: called with each throughput row as it is done.
+    """
     from kvstore_tiers.plugin import register
 
     register()  # makes "vllm_fs" available next to our "fs"
@@ -264,34 +278,113 @@ def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
         result["disk"][chunk] = {k: statistics.median(d[k] for d in disk) for k in disk[0]}
         progress(f"disk O_DIRECT at {chunk // KiB} KiB: {result['disk'][chunk]}")
         for n_req in (1, 4):
-            per: dict[str, dict[str, list[float]]] = {k: {"store": [], "load": []} for k in TIERS}
+            per: dict[str, dict[str, list[float]]] = {
+                k: {"store": [], "load": [], "steps": []} for k in TIERS}
             for r in range(rounds):
                 for kind in (TIERS if r % 2 == 0 else reversed(list(TIERS))):
                     root = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-", dir=directory))
                     try:
                         gbps, keys = store_round(kind, root, chunk, n, n_req, seed=r)
                         per[kind]["store"].append(gbps)
-                        per[kind]["load"].append(load_round(kind, root, chunk, keys, n_req))
+                        gbps, steps = load_round(kind, root, chunk, keys, n_req)
+                        per[kind]["load"].append(gbps)
+                        per[kind]["steps"].append(steps)
                     finally:
                         shutil.rmtree(root, ignore_errors=True)
             row = {"chunk_bytes": chunk, "requests": n_req, "chunks": n}
             for kind in TIERS:
                 for op in ("store", "load"):
                     row[f"{kind}_{op}_gbps"] = statistics.median(per[kind][op])
+                row[f"{kind}_steps_to_hit"] = int(statistics.median(per[kind]["steps"]))
             for op in ("store", "load"):
                 row[f"{op}_ratio"] = row[f"kvstore_{op}_gbps"] / row[f"vllm_{op}_gbps"]
             row["load_vs_disk_read"] = row["kvstore_load_gbps"] / result["disk"][chunk]["read_gbps"]
             result["throughput"].append(row)
             progress(f"{chunk // KiB} KiB x{n_req}: " + ", ".join(
                 f"{k}={v:.3f}" for k, v in row.items() if isinstance(v, float)))
+            if on_row is not None:
+                on_row(row)
     for kind in TIERS:
         root = Path(tempfile.mkdtemp(prefix=f"bench-sched-{kind}-", dir=directory))
         try:
-            result["scheduler"][kind] = scheduler_cost(kind, root, 256 * KiB, 16, 1024)
+            result["scheduler"][kind] = scheduler_cost(kind, root, 256 * KiB, 16,
+                                                       scheduler_in_flight)
         finally:
             shutil.rmtree(root, ignore_errors=True)
         progress(f"scheduler-thread cost ({kind}): {result['scheduler'][kind]}")
+    if samples_dir is not None and (samples_dir / "kv-samples.json").exists():
+        root = Path(tempfile.mkdtemp(prefix="bench-codec-", dir=directory))
+        try:
+            result["compression"] = compression_bench(root, samples_dir, compression_mib * MiB)
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        progress(f"compression: {result['compression']}")
     return result
+
+
+# ------------------------------------------------------------ compression variants
+def load_samples(samples_dir: Path) -> list[tuple[str, np.ndarray]]:
+    """[(file name, (num_blocks, block_bytes) uint8)] of the real KV samples."""
+    meta = json.loads((samples_dir / "kv-samples.json").read_text())
+    out = []
+    for entry in meta["files"]:
+        raw = np.fromfile(samples_dir / entry["file"], dtype=np.uint8)
+        out.append((entry["file"], raw.reshape(entry["num_blocks"], entry["block_bytes"])))
+    return out
+
+
+def compression_bench(directory: Path, samples_dir: Path, total_bytes: int,
+                      codecs: tuple[str, ...] = ("none", "zstd", "kvsplit")
+                      ) -> list[dict[str, Any]]:
+    """Our fs tier storing and loading the real bf16 KV samples with each codec.
+
+    The sample blocks are repeated (under distinct keys) up to ``total_bytes``
+    per file; each block is still encoded on its own, so the ratio is the
+    per-block ratio. Reports ratio = raw / stored bytes and *effective* GB/s
+    (raw KV bytes moved per second, what the engine sees), store and load,
+    through vLLM's manager like the throughput rounds.
+    """
+    out = []
+    for fname, blocks in load_samples(samples_dir):
+        bb = blocks.shape[1]
+        n = max(4, total_bytes // bb)
+        n -= n % 4
+        rows = blocks[np.arange(n) % len(blocks)]
+        for codec in codecs:
+            root = Path(tempfile.mkdtemp(prefix=f"codec-{codec}-", dir=directory))
+            try:
+                cfg = {"type": "fs", "root_dir": str(root), "compression": codec}
+                h = build_harness([cfg], num_chunks=n, chunk_bytes=bb)
+                try:
+                    keys = make_keys(n, seed=5)
+                    t0 = time.perf_counter()
+                    ctx = h.store(keys, rows)
+                    _settle(h)
+                    store_dt = time.perf_counter() - t0
+                    h.finish_request(ctx)
+                    c = h.tiers[0].counters
+                    raw, stored = c.raw_bytes_written, c.stored_bytes_written
+                finally:
+                    h.shutdown()
+                h = build_harness([cfg], num_chunks=n, chunk_bytes=bb)
+                try:
+                    ctx = h.new_request()
+                    t0 = time.perf_counter()
+                    promote_all(h, [(ctx, keys)])
+                    load_dt = time.perf_counter() - t0
+                    back = h.load(keys[:1], ctx)
+                    if not np.array_equal(back[0], rows[0]):
+                        raise RuntimeError(f"{codec}: block read back differs")
+                    h.finish_request(ctx)
+                finally:
+                    h.shutdown()
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+            out.append({"file": fname, "block_bytes": bb, "blocks": n, "codec": codec,
+                        "ratio": raw / stored if stored else float("nan"),
+                        "store_effective_gbps": n * bb / store_dt / 1e9,
+                        "load_effective_gbps": n * bb / load_dt / 1e9})
+    return out
 
 
 def print_report(result: dict[str, Any]) -> None:

@@ -13,7 +13,13 @@ import click
 
 # name -> "module:attribute" of a click command; imported lazily.
 _COMMANDS: dict[str, str] = {
+    "bench": "kvstore_tiers.cli.bench:bench",
+    "check": "kvstore_tiers.cli.check:check",
+    "config": "kvstore_tiers.cli.config:config_cmd",
     "demo": "kvstore_tiers.cli.demo:demo",
+    "gc": "kvstore_tiers.cli.gc:gc",
+    "stats": "kvstore_tiers.cli.stats:stats",
+    "verify": "kvstore_tiers.cli.verify:verify",
 }
 
 
@@ -27,6 +33,16 @@ class _LazyGroup(click.Group):
             return None
         module_name, attr = target.split(":")
         return getattr(importlib.import_module(module_name), attr)
+
+    def invoke(self, ctx: click.Context) -> object:
+        # A bad tier config or an unreachable store is the user's to fix: show
+        # the message (which names the key / endpoint), not a traceback.
+        from kvstore_tiers.errors import ConfigError
+
+        try:
+            return super().invoke(ctx)
+        except ConfigError as exc:
+            raise click.ClickException(str(exc)) from None
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

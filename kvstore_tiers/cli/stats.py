@@ -1,0 +1,65 @@
+"""``kvstore-tiers stats``: objects, bytes, namespaces and ages of a store."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from kvstore_tiers.cli._common import human_bytes, store_options, tier_title, tiers_from_options
+
+
+@click.command()
+@store_options
+@click.option("--namespace", help="Only this namespace (directory / key prefix).")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def stats(config_text: str | None, fs_root: str | None, redis_url: str | None,
+          s3_bucket: str | None, endpoint_url: str | None, prefix: str | None,
+          namespace: str | None, as_json: bool) -> None:
+    """Objects, bytes and namespaces of a store, and an age histogram.
+
+    Each namespace is one model/dtype/parallel layout (vLLM's run config,
+    read from the namespace's config.json on fs and s3; redis keeps none).
+    Ages are from the object time: fs mtime (last use when the tier is
+    capped), s3 LastModified (write), redis frame created_ms (write).
+
+    \b
+    Example:
+      kvstore-tiers stats --fs /mnt/kv
+      kvstore-tiers stats --redis redis://127.0.0.1:6379/0 --json
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from kvstore_tiers.admin import collect_stats, open_store
+
+    tiers = tiers_from_options(config_text, fs_root, redis_url, s3_bucket, endpoint_url, prefix)
+    out = []
+    for tier in tiers:
+        with open_store(tier) as backend:
+            out.append((tier, collect_stats(backend, namespace)))
+    if as_json:
+        click.echo(json.dumps([{"tier": tier_title(t), **s.as_dict()} for t, s in out], indent=2))
+        return
+    console = Console()
+    now = time.time()
+    for tier, s in out:
+        console.print(f"[bold]{tier_title(tier)}[/]: {s.objects} objects, "
+                      f"{human_bytes(s.bytes)} in {len(s.namespaces)} namespace(s)")
+        t = Table(title="namespaces")
+        for col in ("namespace", "model", "dtype", "layout", "objects", "bytes", "newest"):
+            t.add_column(col, justify="right" if col in ("objects", "bytes") else "left")
+        for name, ns in sorted(s.namespaces.items()):
+            d = s.as_dict()["namespaces"][name]
+            age = f"{(now - ns.newest) / 60:.1f} min ago" if ns.newest else "?"
+            t.add_row(name, d["model"], d["dtype"], d["layout"], str(ns.objects),
+                      human_bytes(ns.bytes), age)
+        console.print(t)
+        h = Table(title="age histogram")
+        for col in ("age", "objects", "bytes", ""):
+            h.add_column(col, justify="right" if col else "left")
+        peak = max((o for o, _ in s.ages.values()), default=0) or 1
+        for label, (objs, nbytes) in s.ages.items():
+            h.add_row(label, str(objs), human_bytes(nbytes), "#" * round(30 * objs / peak))
+        console.print(h)
