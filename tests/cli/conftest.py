@@ -1,0 +1,65 @@
+"""Fixtures of the command-line tests: a populated fs store, a CLI runner, and the
+real redis-server / moto S3 fixtures of the backend test packages (shared by import)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner, Result
+
+from ..redis.conftest import redis_server, redis_server_factory  # noqa: F401
+from ..s3.conftest import _fake_aws_env, bucket, moto_endpoint, s3, tier_config  # noqa: F401
+
+ROW = 16 << 10  # bytes per block in these tests: small, so every test stays fast
+
+
+def invoke(*args: str) -> Result:
+    """Run ``kvstore-tiers <args>`` in-process; exceptions other than SystemExit propagate."""
+    from kvstore_tiers.cli import main
+
+    return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+def populate(harness_factory: Callable[..., Any], tier: dict[str, Any], n: int = 8,
+             seed: int = 0, **kw: Any) -> list[bytes]:
+    """Store ``n`` random blocks through vLLM's real manager; returns their keys."""
+    from kvstore_tiers.harness import make_keys
+
+    h = harness_factory([tier], num_chunks=n, chunk_bytes=ROW, **kw)
+    keys = make_keys(n, seed=seed)
+    rows = np.random.default_rng(seed).integers(0, 256, (n, ROW), dtype=np.uint8)
+    ctx = h.store(keys, rows)
+    h.settle()
+    h.finish_request(ctx)
+    assert h.tiers[0].counters.objects_stored == n
+    return keys
+
+
+def kvf_files(root: Path) -> list[Path]:
+    return sorted(root.rglob("*.kvf"))
+
+
+def flip_byte(path: Path, offset_from_end: int = 100) -> None:
+    """Corrupt one payload byte of a stored object in place."""
+    data = bytearray(path.read_bytes())
+    data[-offset_from_end] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def age(path: Path, seconds: float) -> None:
+    """Make an object look ``seconds`` old (fs ages are mtimes)."""
+    st = path.stat()
+    os.utime(path, (st.st_atime - seconds, st.st_mtime - seconds))
+
+
+@pytest.fixture
+def fs_store(tmp_path: Path, harness_factory: Callable[..., Any]) -> Path:
+    """An fs store holding 8 blocks of one namespace."""
+    root = tmp_path / "store"
+    populate(harness_factory, {"type": "fs", "root_dir": str(root)})
+    return root
