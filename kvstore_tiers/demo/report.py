@@ -81,8 +81,8 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
         line = (
             f"{name:8s} engine start {p['engine_load_s']:.1f} s; "
             f"tier hits {sum(x['external_hit_tokens'] for x in prompts)} tokens; "
-            f"written {_mib(sum(x['tier_write_bytes'] for x in prompts))}, "
-            f"read {_mib(sum(x['tier_read_bytes'] for x in prompts))}"
+            f"written {_mib(sum(x['tier_write_bytes'] for x in prompts))} MiB, "
+            f"read {_mib(sum(x['tier_read_bytes'] for x in prompts))} MiB"
         )
         if counters:
             line += (

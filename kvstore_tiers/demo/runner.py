@@ -54,6 +54,9 @@ class PhaseSpec:
     # Engine core and worker inside the phase process (no extra processes):
     # ~20 s faster start-up on 2 cores; the phase itself is still a new process.
     single_process: bool = False
+    # Tokens of an unmeasured warm-up request sent first (0: none). It stores
+    # its own chunks in the tier, so tests that count objects set 0.
+    warmup_tokens: int = 300
 
 
 def _tail(path: Path, n: int = 60) -> str:
@@ -89,6 +92,7 @@ def run_phase(
         "max_model_len": spec.max_model_len,
         "events_path": str(d / "events.jsonl"),
         "single_process": spec.single_process,
+        "warmup_tokens": spec.warmup_tokens,
     }
     (d / "request.json").write_text(json.dumps(request, indent=2))
     env = dict(os.environ)

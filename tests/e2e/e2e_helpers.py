@@ -29,7 +29,7 @@ def run(name: str, model: Path, tiers: list[dict[str, Any]] | None, work: Path,
     """One phase in a new process (see kvstore_tiers.demo.phase)."""
     spec = PhaseSpec(name=name, model=str(model), plan=plan, secondary_tiers=tiers,
                      max_tokens=8, block_size=BLOCK, single_process=True, env=env or {},
-                     dtype=dtype)
+                     dtype=dtype, warmup_tokens=0)  # 0: keeps object counts exact
     return run_phase(spec, work, timeout_s=600)
 
 
