@@ -110,8 +110,12 @@ class TierMetrics:
         stats = OffloadingConnectorStats()
         labels = (self.label,)
         for name, value in self.counters.as_dict().items():
+            # The first collection reports every counter, zeros included, so each
+            # series exists in Prometheus from the start: an alert on, e.g.,
+            # rate(stores_dropped) then sees 0 rather than "no data".
+            first = name not in self._reported
             delta = value - self._reported.get(name, 0)
-            if delta:
+            if delta or first:
                 stats.increase_counter(PREFIX + name, delta, labels)
                 self._reported[name] = value
         for name, value in gauges.items():

@@ -122,8 +122,8 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
         t = Table(title="fs: kvstore-tiers vs vLLM stock fs tier vs disk O_DIRECT "
                   "(GB/s, median of rounds, same run)")
         for col in ("chunk", "reqs", "store ours", "store vLLM", "x", "disk write",
-                    "load ours", "load vLLM", "x", "disk read", "load/disk", "steps to HIT "
-                    "ours/vLLM"):
+                    "load ours", "load vLLM", "x", "disk read", "load/disk",
+                    "no-RETRY steps ours/vLLM", "steps to HIT ours/vLLM"):
             t.add_column(col, justify="right")
         for r in fs["throughput"]:
             d = fs["disk"].get(r["chunk_bytes"]) or fs["disk"].get(str(r["chunk_bytes"]))
@@ -133,6 +133,7 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
                       f"{r['kvstore_load_gbps']:.2f}", f"{r['vllm_load_gbps']:.2f}",
                       f"{r['load_ratio']:.2f}", f"{d['read_gbps']:.2f}",
                       f"{r['load_vs_disk_read']:.0%}",
+                      f"{r.get('kvstore_lookup_steps', '?')}/{r.get('vllm_lookup_steps', '?')}",
                       f"{r.get('kvstore_steps_to_hit', '?')}/{r.get('vllm_steps_to_hit', '?')}")
         console.print(t)
         s = Table(title="scheduler-thread time per call, microseconds "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import click
@@ -65,7 +66,8 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         plan.total_mib = total_mib
     if rounds:
         plan.rounds = rounds
-    console = Console()
+    # Wide tables: never squeeze them into 80 columns when writing to a pipe or a file.
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     steps = (plan.fs_steps() if "fs" in plan.tiers else 0) + 2 * (
         ("redis" in plan.tiers) + ("s3" in plan.tiers))
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
