@@ -54,10 +54,15 @@ def run_child(scenario: str, pythonpath: Path | None, timeout_s: float = 240) ->
         [sys.executable, str(CHILD), scenario], env=child_env(pythonpath),
         capture_output=True, text=True, timeout=timeout_s, cwd=str(REPO),
     )
+    return parse_result(proc, scenario)
+
+
+def parse_result(proc: subprocess.CompletedProcess[str], what: str) -> dict[str, Any]:
+    """The child's ``RESULT {json}`` line; fail with its output if it has none."""
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
     if proc.returncode != 0 or not lines:
         raise AssertionError(
-            f"child {scenario!r} failed (exit {proc.returncode})\n"
+            f"child {what!r} failed (exit {proc.returncode})\n"
             f"--- stdout ---\n{proc.stdout[-4000:]}\n--- stderr ---\n{proc.stderr[-4000:]}"
         )
     return json.loads(lines[-1][len(RESULT_PREFIX):])
