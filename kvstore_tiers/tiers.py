@@ -31,7 +31,10 @@ def __getattr__(name: str) -> Any:
     backend = _CLASS_NAMES.get(name, name)
     if backend in backend_names():
         return tier_class(backend)
-    raise AttributeError(f"module 'kvstore_tiers.tiers' has no tier {name!r}")
+    raise AttributeError(
+        f"module 'kvstore_tiers.tiers' has no tier {name!r} (installed kvstore_tiers backends: "
+        f"{', '.join(backend_names()) or 'none'}; is the package that provides it installed?)"
+    )
 
 
 def __dir__() -> list[str]:

@@ -154,3 +154,4 @@ def test_without_plugin_the_same_config_fails_clearly() -> None:
     mp = r["module_path"]
     assert mp["error"] == "AttributeError"
     assert "'memory'" in mp["message"] and "kvstore_tiers.tiers" in mp["message"]
+    assert "installed kvstore_tiers backends: fs, redis, s3" in mp["message"]
