@@ -22,6 +22,31 @@ request (``_failed_by_req``) and answered MISS for that request until it
 finishes, whatever the presence index or the existence check say, so a
 doomed promotion is never retried in a loop. Corrupt objects are deleted;
 later requests re-probe.
+
+Load deadlines (``load_timeout_s``): a load job that has not finished by its
+deadline is reported failed from the next ``get_finished_jobs()`` -- on the
+scheduler thread, without waiting for the I/O thread, which may still be
+stuck inside the backend (a stalled socket, a hung NFS read). Rows are
+protected by a bounce-buffer protocol:
+
+* with a deadline configured, backends never write a primary row: each load
+  task decodes into a per-thread, page-aligned bounce buffer;
+* a verified row is then copied into its primary row while holding the
+  job's ``lock``, and only if the job is not ``expired``; the slot is marked
+  ``landed`` inside the same critical section;
+* expiring a job takes the same lock, sets ``expired`` and reports exactly
+  the ``landed`` slots as ``successful_keys`` (vLLM keeps those rows and
+  frees the rest at once).
+
+So after the lock is released by the scheduler no I/O thread ever writes a
+row of that job again: a late thread finds ``expired`` and discards its
+bounce buffer, and its eventual pool completion is ignored (``reported``).
+The scheduler holds the lock for at most one row copy. Without
+``load_timeout_s`` loads decode straight into the rows (one copy less) and a
+stuck backend is bounded only by its own socket timeouts. Stores are never
+expired early: their I/O thread reads the pinned row, so reporting them
+before it is done could let vLLM reuse the row mid-read; they rely on the
+backend's timeouts.
 """
 
 from __future__ import annotations
@@ -29,7 +54,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import mmap
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Collection, Iterable, Sequence
@@ -80,8 +107,8 @@ class _Job(PoolJob):
     the backend error.
     """
 
-    __slots__ = ("chunk_ids", "deadline", "is_load", "keys", "outcomes", "req_id",
-                 "stored_bytes", "submit_time", "todo")
+    __slots__ = ("chunk_ids", "deadline", "expired", "is_load", "keys", "landed", "lock",
+                 "outcomes", "reported", "req_id", "stored_bytes", "submit_time", "todo")
 
     def __init__(
         self, job_id: int, *, is_load: bool, req_id: str, keys: list[bytes],
@@ -98,6 +125,12 @@ class _Job(PoolJob):
         self.stored_bytes = [0] * len(todo)  # frame bytes moved, per slot
         self.submit_time = submit_time
         self.deadline = deadline
+        # Deadline protocol (module docstring): ``landed[slot]`` and ``expired``
+        # change only under ``lock``; ``reported`` is scheduler-thread only.
+        self.lock = threading.Lock()
+        self.landed = [False] * len(todo)
+        self.expired = False
+        self.reported = False
 
 
 @dataclass(eq=False)
@@ -205,6 +238,11 @@ class KVStoreTier(SecondaryTierManager):
         self._warn = RateLimitedLogger(logger, interval_s=30.0)
         self._presence = PresenceIndex(config.presence_capacity)
         self._jobs: dict[int, _Job] = {}
+        #: Load jobs with a deadline still in flight (scanned by get_finished_jobs).
+        self._deadlined: dict[int, _Job] = {}
+        #: Load jobs reported failed at their deadline while an I/O thread still ran.
+        self.load_timeouts = 0
+        self._bounce_local = threading.local()
         self._storing: set[bytes] = set()
         self._failed_by_req: dict[str, set[bytes]] = {}
         self._ready: deque[JobResult] = deque()
@@ -279,10 +317,16 @@ class KVStoreTier(SecondaryTierManager):
             finished = self._pool.finished
             while finished:
                 job = finished.popleft()
-                if not isinstance(job, _Job):
-                    continue  # a background touch, not a vLLM job
+                if not isinstance(job, _Job) or job.reported:
+                    continue  # a background touch, or a job already failed at its deadline
                 self._jobs.pop(job.job_id, None)
+                self._deadlined.pop(job.job_id, None)
+                job.reported = True
                 results.append(self._complete(job))
+            if self._deadlined:
+                now = time.monotonic()
+                for job in [j for j in self._deadlined.values() if now > (j.deadline or now)]:
+                    results.append(self._expire(job))
         except Exception:
             logger.exception("kvstore tier %s: get_finished_jobs failed", self.tier_type)
         return results
@@ -425,8 +469,11 @@ class KVStoreTier(SecondaryTierManager):
         if not is_load:
             self._storing.update(keys[i] for i in todo)
         self._jobs[tj.job_id] = job
+        if job.deadline is not None:
+            self._deadlined[tj.job_id] = job
         if not self._pool.submit(tasks, is_load):
             self._jobs.pop(tj.job_id, None)
+            self._deadlined.pop(tj.job_id, None)
             if not is_load:
                 self._storing.difference_update(keys[i] for i in todo)
             self._warn.warning(
@@ -446,9 +493,9 @@ class KVStoreTier(SecondaryTierManager):
         cids = job.chunk_ids
         name_of = self.namespace.object_name
         try:
-            if job.is_load:
-                if job.deadline is not None and time.monotonic() > job.deadline:
-                    raise TimeoutError("load deadline passed before the transfer started")
+            if job.is_load and job.deadline is not None:
+                self._run_deadlined_load(task, codec)
+            elif job.is_load:
                 items = [
                     LoadItem(name_of(job.keys[job.todo[s]]), job.keys[job.todo[s]],
                              self._row(cids[job.todo[s]]))
@@ -475,6 +522,85 @@ class KVStoreTier(SecondaryTierManager):
             err = classify(exc)
             for s in task.slots:
                 job.outcomes[s] = err
+
+    def _bounce(self, n_rows: int) -> mmap.mmap:
+        """I/O thread: this thread's page-aligned scratch of at least ``n_rows`` rows.
+
+        Anonymous mmap memory is page aligned, so O_DIRECT reads into it work
+        exactly as into the (aligned) primary rows.
+        """
+        need = max(1, n_rows * self._block_size_bytes)
+        buf: mmap.mmap | None = getattr(self._bounce_local, "buf", None)
+        if buf is None or len(buf) < need:
+            # The old buffer is dropped, not closed: views of it may still be alive.
+            buf = self._bounce_local.buf = mmap.mmap(-1, need)
+        return buf
+
+    def _run_deadlined_load(self, task: _Task, codec: FrameCodec) -> None:
+        """I/O thread: load into a bounce buffer, then copy rows in unless expired."""
+        job = task.job
+        if job.expired or time.monotonic() > (job.deadline or 0.0):
+            raise TimeoutError("load deadline passed before the transfer started")
+        row = self._block_size_bytes
+        # Views of the scratch are not released explicitly: a codec may still
+        # hold an export of them; the mmap lives as long as this thread.
+        scratch = memoryview(self._bounce(len(task.slots)))
+        items = [
+            LoadItem(self.namespace.object_name(job.keys[job.todo[s]]),
+                     job.keys[job.todo[s]], scratch[i * row : (i + 1) * row])
+            for i, s in enumerate(task.slots)
+        ]
+        errors = self.backend.load_many(items, codec)
+        late = TimeoutError("load finished after its deadline; discarded")
+        for s, item, err in zip(task.slots, items, errors, strict=True):
+            job.stored_bytes[s] = item.stored_len
+            if err is not None:
+                job.outcomes[s] = err
+                if isinstance(err, ObjectCorrupt):
+                    self._remove_corrupt(item.name)
+                continue
+            with job.lock:  # see the deadline protocol in the module docstring
+                if job.expired:
+                    job.outcomes[s] = late
+                    continue
+                self._row(job.chunk_ids[job.todo[s]])[:] = item.dest
+                job.landed[s] = True
+                job.outcomes[s] = None
+
+    def _expire(self, job: _Job) -> JobResult:
+        """Scheduler thread: report a load job failed at its deadline (never blocks long).
+
+        After the lock is released no I/O thread writes this job's rows again;
+        rows that landed before are reported as loaded.
+        """
+        with job.lock:
+            job.expired = True
+            landed = list(job.landed)
+        self._jobs.pop(job.job_id, None)
+        self._deadlined.pop(job.job_id, None)
+        job.reported = True
+        ok = [job.keys[job.todo[s]] for s, done in enumerate(landed) if done]
+        bad = [job.keys[job.todo[s]] for s, done in enumerate(landed) if not done]
+        c = self.metrics.counters
+        c.objects_loaded += len(ok)
+        c.raw_bytes_read += len(ok) * self._block_size_bytes
+        self.metrics.observe("load_seconds", time.monotonic() - job.submit_time)
+        if not bad:
+            self.breaker.record(True)
+            return JobResult(job_id=job.job_id, success=True, transfer_time=job.transfer_time)
+        self.load_timeouts += 1
+        c.load_failures += len(bad)
+        self.breaker.record(False)
+        for k in bad:
+            self._presence.discard(k)
+        self._failed_by_req.setdefault(job.req_id, set()).update(bad)
+        self._warn.warning(
+            "load-timeout", "kvstore tier %s: load of %d blocks passed its %.3fs deadline; "
+            "reported failed (vLLM recomputes)", self.tier_type, len(bad),
+            self.config.load_timeout_s or 0.0,
+        )
+        return JobResult(job_id=job.job_id, success=False, successful_keys=tuple(ok) or None,
+                         transfer_time=job.transfer_time)
 
     def _remove_corrupt(self, name: str) -> None:
         """I/O thread: delete a corrupt object so no later lookup finds it."""

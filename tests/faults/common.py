@@ -1,0 +1,294 @@
+"""The fault-matrix scorecard and a driver that plays vLLM's scheduler around faults.
+
+Every test of this package drives vLLM's real ``TieringOffloadingManager``
+through :class:`Driver`, which wraps each call the scheduler would make and
+counts, per backend:
+
+* ``faults`` -- faults injected (each armed fault, each tampered object, ...);
+* ``wrong_bytes`` -- loaded rows that differ from what was stored (must be 0:
+  every loaded row is compared byte-exact with the bytes stored under its key);
+* ``exceptions`` -- exceptions that escaped a manager call, i.e. would have
+  reached vLLM's scheduler (must be 0);
+* ``blocked`` -- scheduler-thread calls slower than ``STEP_BOUND_S`` (must be
+  0). A generous correctness bound (no call may wait on I/O), not a speed claim;
+  ``reset_cache``, which the contract allows to block, is not timed;
+* ``leaks`` -- primary slots still pinned or write-pending once everything
+  settled, tier jobs left, or threads left after shutdown (must be 0).
+
+``tests/faults/conftest.py`` prints the table at the end of the session.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from vllm.v1.kv_offload.base import LookupResult
+
+from kvstore_tiers.harness import Harness, build_harness
+
+HIT, MISS = LookupResult.HIT, LookupResult.MISS
+#: A scheduler-thread call slower than this counts as a blocked engine step.
+STEP_BOUND_S = 0.050
+
+
+@dataclass
+class Score:
+    faults: int = 0
+    wrong_bytes: int = 0
+    exceptions: int = 0
+    blocked: int = 0
+    leaks: int = 0
+    rows_verified: int = 0
+    calls: int = 0
+    max_call_ms: float = 0.0
+    kinds: Counter[str] = field(default_factory=Counter)
+
+    def fault(self, kind: str, n: int = 1) -> None:
+        self.faults += n
+        self.kinds[kind] += n
+
+
+SCORES: dict[str, Score] = {}
+
+
+def score(backend: str) -> Score:
+    return SCORES.setdefault(backend, Score())
+
+
+def _tier_threads() -> set[int]:
+    """Threads that a tier could own (test infrastructure threads excluded)."""
+    skip = ("faultproxy", "process_request_thread", "tcpproxy", "fakeresp")
+    return {t.ident or 0 for t in threading.enumerate() if not any(s in t.name for s in skip)}
+
+
+class Driver:
+    """One harness (vLLM spec + manager + our tier) driven like the scheduler, with scoring."""
+
+    def __init__(self, backend: str, tiers: Sequence[dict[str, Any]], *, num_chunks: int = 16,
+                 chunk_bytes: int = 16384, **kw: Any) -> None:
+        self.score = score(backend)
+        self._threads_before = _tier_threads()
+        self.h: Harness = build_harness(tiers, num_chunks=num_chunks, chunk_bytes=chunk_bytes,
+                                        **kw)
+        self.row_bytes = chunk_bytes
+        self.expected: dict[bytes, bytes] = {}
+        self._closed = False
+
+    @property
+    def tier(self) -> Any:
+        return self.h.tiers[0]
+
+    # -- timed, guarded scheduler calls ----------------------------------------------
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        s = self.score
+        start = time.perf_counter()
+        try:
+            return fn(*args)
+        except Exception:
+            s.exceptions += 1
+            import traceback
+
+            traceback.print_exc()
+            return None
+        finally:
+            took = time.perf_counter() - start
+            s.calls += 1
+            s.max_call_ms = max(s.max_call_ms, took * 1000)
+            if took > STEP_BOUND_S:
+                s.blocked += 1
+
+    def _lookup_all(self, keys: Sequence[bytes], ctx: Any) -> list[Any]:
+        with self.h.locked():
+            return [self.h.manager.lookup(k, ctx) for k in keys]
+
+    def _pending(self) -> bool:
+        with self.h.locked():
+            return bool(self.h.manager.has_pending_work())
+
+    def settle(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.call(self.h.step)
+            if not self.call(self._pending):
+                return
+            if time.monotonic() > deadline:
+                self.score.leaks += 1  # work that never completes is a leak
+                return
+            time.sleep(0.002)
+
+    # -- what an engine does -------------------------------------------------------------
+    def store(self, keys: Sequence[bytes], rows: np.ndarray, *, expect: bool = True) -> None:
+        """A request computes ``rows`` for ``keys``; they cascade to the tier."""
+        if expect:
+            for k, r in zip(keys, rows, strict=True):
+                self.expected[k] = r.tobytes()
+        ctx = self.call(self.h.new_request)
+        self.call(self.h.store, list(keys), rows, ctx)
+        self.settle()
+        self.call(self.h.finish_request, ctx)
+
+    def forget_primary(self) -> None:
+        """reset_cache (may block by contract: drain_jobs) -- not timed against the bound."""
+        try:
+            self.h.forget_primary()
+        except Exception:
+            self.score.exceptions += 1
+            raise
+
+    def fetch(self, keys: Sequence[bytes], max_wait_s: float = 20.0,
+              after_first_lookup: Callable[[], None] | None = None) -> list[Any]:
+        """A new request looks ``keys`` up until resolved, loads its HITs, checks the bytes.
+
+        Returns the final lookup results. Every loaded row is compared with the
+        bytes stored under its key (``wrong_bytes`` otherwise).
+        ``after_first_lookup`` runs between the first lookups (promotions
+        queued) and the step that submits the loads.
+        """
+        ctx = self.call(self.h.new_request)
+        deadline = time.monotonic() + max_wait_s
+        first = True
+        while True:
+            results = self.call(self._lookup_all, keys, ctx) or [MISS] * len(keys)
+            if first and after_first_lookup is not None:
+                after_first_lookup()
+            first = False
+            if all(r in (HIT, MISS) for r in results):
+                break
+            if time.monotonic() > deadline:
+                self.score.leaks += 1  # a request stuck in RETRY forever
+                break
+            self.call(self.h.step)
+            time.sleep(0.002)
+        hits = [k for k, r in zip(keys, results, strict=True) if r == HIT]
+        if hits:
+            rows = self.call(self.h.load, hits, ctx)
+            if rows is not None:
+                for k, row in zip(hits, rows, strict=True):
+                    self.score.rows_verified += 1
+                    if row.tobytes() != self.expected.get(k):
+                        self.score.wrong_bytes += 1
+        self.settle()
+        self.call(self.h.finish_request, ctx)
+        return list(results)
+
+    # -- leak accounting -----------------------------------------------------------------
+    def check_settled(self) -> int:
+        """Count pinned/write-pending primary slots and jobs left; add them to ``leaks``."""
+        self.settle()
+        m = self.h.manager
+        p = m.primary_tier
+        leaked = len(m._jobs) + len(getattr(self.tier, "_jobs", {}))
+        reclaimable = p._get_num_free_chunks() + p._num_evictable_cache_chunks
+        leaked += p._num_chunks - reclaimable
+        self.score.leaks += leaked
+        return leaked
+
+    def close(self) -> int:
+        """Check slots, shut down, then count threads left behind (added to ``leaks``)."""
+        if self._closed:
+            return 0
+        self._closed = True
+        leaked = self.check_settled()
+        self.h.shutdown()
+        deadline = time.monotonic() + 5
+        extra: set[int] = set()
+        while time.monotonic() < deadline:
+            extra = _tier_threads() - self._threads_before
+            if not extra:
+                break
+            time.sleep(0.02)
+        self.score.leaks += len(extra)
+        return leaked + len(extra)
+
+
+def rows_for(keys: Sequence[bytes], row_bytes: int) -> np.ndarray:
+    """Deterministic incompressible rows derived from the keys."""
+    out = np.empty((len(keys), row_bytes), dtype=np.uint8)
+    for i, k in enumerate(keys):
+        out[i] = np.random.default_rng(int.from_bytes(k[:8], "little")).integers(
+            0, 256, row_bytes, dtype=np.uint8)
+    return out
+
+
+# -- object tampering through the backend's own byte API --------------------------------------
+def _rewrite(tier: Any, key: bytes, mutate: Callable[[bytes], bytes]) -> None:
+    be, name = tier.backend, tier.namespace.object_name(key)
+    data = bytes(be.get(name))
+    be.delete(name)
+    be.put(name, [mutate(data)])
+
+
+def corrupt(tier: Any, key: bytes) -> None:
+    """Flip one payload byte (the header still parses)."""
+    def flip(d: bytes) -> bytes:
+        b = bytearray(d)
+        b[-7] ^= 0x5A
+        return bytes(b)
+    _rewrite(tier, key, flip)
+
+
+def truncate(tier: Any, key: bytes) -> None:
+    _rewrite(tier, key, lambda d: d[: len(d) // 2])
+
+
+def foreign_namespace(tier: Any, key: bytes) -> None:
+    """Rewrite the frame's namespace digest: the object now belongs to another namespace."""
+    def swap(d: bytes) -> bytes:
+        b = bytearray(d)
+        b[40:56] = bytes(x ^ 0xFF for x in b[40:56])
+        return bytes(b)
+    _rewrite(tier, key, swap)
+
+
+def foreign_key(tier: Any, key: bytes, other: bytes) -> None:
+    """Put ``other``'s (valid) frame under ``key``'s name."""
+    be = tier.backend
+    data = bytes(be.get(tier.namespace.object_name(other)))
+    _rewrite(tier, key, lambda _d: data)
+
+
+def expire(tier: Any, key: bytes) -> None:
+    tier.backend.delete(tier.namespace.object_name(key))
+
+
+def run_tamper_matrix(d: Driver, seed: int) -> None:
+    """Corrupted, truncated, foreign-namespace, foreign-key and expiring objects.
+
+    Each is a MISS (never wrong bytes) for the request that meets it; the
+    other blocks of the same request still load.
+    """
+    from kvstore_tiers.harness import make_keys
+
+    keys = make_keys(10, seed=seed)
+    d.store(keys, rows_for(keys, d.row_bytes))
+    d.forget_primary()
+    tier = d.tier
+    corrupt(tier, keys[0])
+    truncate(tier, keys[1])
+    foreign_namespace(tier, keys[2])
+    foreign_key(tier, keys[3], keys[9])
+    for kind in ("corrupted", "truncated", "foreign_namespace", "foreign_key"):
+        d.score.fault(kind)
+    res = d.fetch(keys)
+    assert res[:4] == [MISS] * 4, res
+    assert res[4:] == [HIT] * 6, res
+
+    # Expiry between lookup and load: the tier answers HIT (promotion queued),
+    # then the objects go away before the load runs.
+    more = make_keys(4, seed=seed + 1)
+    d.store(more, rows_for(more, d.row_bytes))
+    d.forget_primary()
+
+    def vanish() -> None:
+        for k in more[:2]:
+            expire(tier, k)
+        d.score.fault("expired_between_lookup_and_load", 2)
+
+    res = d.fetch(more, after_first_lookup=vanish)
+    assert res == [MISS, MISS, HIT, HIT], res

@@ -1,0 +1,40 @@
+"""A tier whose loads block on an Event: a backend stuck in I/O, on demand.
+
+Configured through vLLM's ``module_path`` route::
+
+    {"type": "StallFsTier", "module_path": "tests.faults.stall", "root_dir": ...}
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from kvstore_tiers.backends.base import LoadItem
+from kvstore_tiers.backends.fs import FileSystemBackend
+from kvstore_tiers.frame import FrameCodec
+from kvstore_tiers.tier import KVStoreTier
+
+
+class StallFsBackend(FileSystemBackend):
+    """fs backend whose ``load_one`` waits for ``gate`` (open by default)."""
+
+    gate = threading.Event()
+    #: Set when a load is stuck at the gate.
+    stalled = threading.Event()
+
+    def load_one(self, item: LoadItem, codec: FrameCodec) -> None:
+        if not self.gate.is_set():
+            self.stalled.set()
+            self.gate.wait(30)
+        super().load_one(item, codec)
+
+
+StallFsBackend.gate.set()
+
+
+class StallFsTier(KVStoreTier):
+    backend_cls = StallFsBackend
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)

@@ -1,0 +1,67 @@
+"""Load deadlines: a stuck backend never holds a request, and never writes a row late.
+
+The backend blocks inside ``load_one`` (an Event), as a hung NFS read or a
+stalled socket would. The load must be reported failed right after
+``load_timeout_s`` from ``get_finished_jobs`` (no scheduler call blocks),
+the request recomputes (MISS), and when the stuck thread finally returns
+it must not write into the primary rows the job owned: they were freed and
+reused by other blocks at once.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from kvstore_tiers.harness import make_keys
+
+from .common import HIT, MISS, Driver, rows_for
+from .stall import StallFsBackend
+
+
+def test_stalled_load_fails_at_deadline_and_never_writes_late(tmp_path: Path) -> None:
+    d = Driver("fs", [{"type": "StallFsTier", "module_path": "tests.faults.stall",
+                       "root_dir": str(tmp_path), "load_timeout_s": 0.3,
+                       "n_read_threads": 2, "n_write_threads": 1}],
+               num_chunks=4, chunk_bytes=65536)
+    gate = StallFsBackend.gate
+    try:
+        assert type(d.tier).__name__ == "StallFsTier"
+        keys = make_keys(4, seed=21)
+        d.store(keys, rows_for(keys, d.row_bytes))
+        d.forget_primary()
+
+        gate.clear()
+        StallFsBackend.stalled.clear()
+        d.score.fault("load_stall_past_deadline")
+        start = time.monotonic()
+        res = d.fetch(keys, max_wait_s=10)
+        took = time.monotonic() - start
+        assert res == [MISS] * 4
+        assert StallFsBackend.stalled.is_set(), "the load never reached the backend"
+        assert 0.3 <= took < 2.0, took
+        assert d.tier.load_timeouts >= 1
+        assert d.tier.counters.corrupt_objects == 0
+
+        # The rows of the expired job are free again: other blocks take them now.
+        # (Every I/O thread is stuck in the backend, so their cascade to the
+        # tier waits; the primary store itself does not.)
+        others = make_keys(4, seed=22)
+        other_rows = rows_for(others, d.row_bytes)
+        for k, r in zip(others, other_rows, strict=True):
+            d.expected[k] = r.tobytes()
+        ctx = d.call(d.h.new_request)
+        d.call(d.h.store, others, other_rows, ctx)
+        # The stuck threads return; they must discard what they read.
+        gate.set()
+        time.sleep(0.3)
+        d.settle()
+        d.call(d.h.finish_request, ctx)
+        assert d.fetch(others) == [HIT] * 4  # from the primary: byte-exact, not overwritten
+        assert d.score.wrong_bytes == 0
+        # The stalled blocks are still fine for a later request.
+        d.forget_primary()
+        assert d.fetch(keys) == [HIT] * 4
+    finally:
+        gate.set()
+        assert d.close() == 0
