@@ -63,6 +63,13 @@ class FsConfig(TierConfig):
     o_direct: bool = Field(True, description="Use O_DIRECT where the filesystem supports it.")
 
 
+def _address(buf: Buffer) -> int:
+    """Memory address of a buffer's first byte (for O_DIRECT alignment checks)."""
+    import numpy as np
+
+    return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if len(buf) else 0
+
+
 def _classify_oserror(exc: OSError, path: str) -> Exception:
     if exc.errno == errno.ENOENT:
         return ObjectMissing(path)
@@ -157,7 +164,9 @@ class FileSystemBackend(Backend):
         path = self.path(name)
         if os.path.exists(path):
             return False
-        aligned = self.use_o_direct and all(len(p) % PAGE == 0 for p in parts)
+        # O_DIRECT needs page-aligned lengths AND addresses (EINVAL otherwise).
+        aligned = self.use_o_direct and all(
+            len(p) % PAGE == 0 and _address(p) % PAGE == 0 for p in parts)
         return self._publish(path, parts, aligned)
 
     def _publish(self, path: str, parts: Sequence[Buffer], o_direct: bool) -> bool:
@@ -228,7 +237,7 @@ class FileSystemBackend(Backend):
         header, payload = codec.encode(item.key, item.src)
         item.stored_len = len(header) + len(payload)
         if self.use_o_direct and len(header) == PAGE and len(payload) % PAGE == 0 \
-                and isinstance(payload, memoryview):
+                and isinstance(payload, memoryview) and _address(payload) % PAGE == 0:
             # Raw payload straight from the page-aligned primary row.
             hdr = self._header_buf()
             hdr[:] = header
