@@ -2,22 +2,36 @@
 
 vLLM configures handlers on its own ``vllm`` logger only, so records of the
 ``kvstore_tiers`` logger would reach nobody below WARNING. When vLLM's
-logger has handlers and ours has none, ours borrows them.
+logger has handlers and ours has none, ours borrows them. When vLLM has not
+configured logging yet (its plugins load before that in some processes), ours
+gets a stderr handler in vLLM's format, so lines such as the "'fs' now means"
+notice are not lost. ``VLLM_CONFIGURE_LOGGING=0`` means the application
+configures logging itself: then we add nothing.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+
+_FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
 
 
 def attach_to_vllm_logging() -> None:
+    if os.environ.get("VLLM_CONFIGURE_LOGGING", "1") == "0":
+        return
     ours = logging.getLogger("kvstore_tiers")
     if ours.handlers:
         return
     vllm_logger = logging.getLogger("vllm")
-    if not vllm_logger.handlers:
-        return
-    for handler in vllm_logger.handlers:
+    if vllm_logger.handlers:
+        for handler in vllm_logger.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(vllm_logger.level or logging.INFO)
+        ours.propagate = vllm_logger.propagate  # as vLLM's own records do
+    else:
+        # Records still propagate: an application's root handlers see them too.
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%m-%d %H:%M:%S"))
         ours.addHandler(handler)
-    ours.setLevel(vllm_logger.level or logging.INFO)
-    ours.propagate = False
+        ours.setLevel(logging.INFO)
