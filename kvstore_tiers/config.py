@@ -59,6 +59,14 @@ class TierConfig(BaseModel):
     namespace_salt: str | None = Field(
         None, description="Extra string mixed into the namespace (tenant isolation)."
     )
+    encryption_key_env: str | None = Field(
+        None, description="Name of an environment variable holding an AES key (16/24/32 "
+        "bytes, hex or base64): payloads are encrypted with AES-GCM. Never the key itself.",
+    )
+    encryption_key_file: str | None = Field(
+        None, description="Path of a file holding the AES key (hex, base64 or raw bytes); "
+        "alternative to encryption_key_env.",
+    )
 
 
 C = TypeVar("C", bound=TierConfig)

@@ -6,7 +6,7 @@ Layout (little-endian), ``HEADER_FIXED`` = 64 bytes followed by the key::
       0     4  magic            b"KVTF"
       4     2  format version   1
       6     1  codec            CodecId (0 none, 1 zstd, 2 kvsplit)
-      7     1  flags            reserved, 0
+      7     1  flags            bit 0: payload encrypted (kvstore_tiers.crypto); others 0
       8     4  header_len       bytes before the payload (fixed + key + padding)
      12     2  key_len          length of the block key that follows
      14     2  reserved         0
@@ -23,6 +23,17 @@ Layout (little-endian), ``HEADER_FIXED`` = 64 bytes followed by the key::
 page (4096 bytes) so that with ``codec=none`` the payload can be read with
 O_DIRECT straight into a page-aligned primary row; remote backends pad to 8.
 
+Encrypted frames (flag bit 0, still format version 1): the payload is
+``nonce || AES-GCM(compressed payload) || tag`` with the namespace, key,
+codec and raw length as AAD, and ``checksum`` is 0 (the tag authenticates;
+a CRC of the plaintext would leak a fingerprint of it). Readers from before
+the flag existed reject such frames (checksum or length mismatch), and a
+reader configured with a key rejects unencrypted frames, so an attacker who
+can write the store cannot plant clear-text blocks. :func:`parse_header`
+reports an encrypted frame's ``codec`` as ``codec | CODEC_ENCRYPTED``, so
+backend fast paths that special-case ``CodecId.NONE`` (reading a raw payload
+straight into the row) never treat ciphertext as a row.
+
 A reader checks every field against what it expects (magic, version, codec,
 lengths, key, namespace) and the checksum of the decoded bytes; any mismatch
 is :class:`~kvstore_tiers.errors.ObjectCorrupt`, so wrong bytes are never
@@ -34,11 +45,15 @@ from __future__ import annotations
 import struct
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import crc32c
 
 from kvstore_tiers.codecs import CodecId, CodecSet
 from kvstore_tiers.errors import ObjectCorrupt
+
+if TYPE_CHECKING:
+    from kvstore_tiers.crypto import PayloadCipher
 
 MAGIC = b"KVTF"
 VERSION = 1
@@ -46,6 +61,11 @@ NAMESPACE_DIGEST_BYTES = 16
 _FIXED = struct.Struct("<4sHBBIHHQQQ16sQ")
 HEADER_FIXED = _FIXED.size  # 64
 assert HEADER_FIXED == 64
+#: Flags byte: the payload is AES-GCM sealed.
+FLAG_ENCRYPTED = 0x01
+_KNOWN_FLAGS = FLAG_ENCRYPTED
+#: Added to ``FrameHeader.codec`` of encrypted frames (not a stored value).
+CODEC_ENCRYPTED = 0x100
 
 
 def checksum(data: bytes | memoryview) -> int:
@@ -72,6 +92,11 @@ class FrameHeader:
     namespace: bytes
     created_ms: int
     key: bytes
+    flags: int = 0
+
+    @property
+    def encrypted(self) -> bool:
+        return bool(self.flags & FLAG_ENCRYPTED)
 
     @property
     def total_len(self) -> int:
@@ -94,6 +119,7 @@ def pack_header(
     raw_checksum: int,
     align: int = 8,
     created_ms: int | None = None,
+    flags: int = 0,
 ) -> bytearray:
     """Build a header (padded to ``align``) for a payload."""
     if len(namespace) != NAMESPACE_DIGEST_BYTES:
@@ -101,7 +127,7 @@ def pack_header(
     hlen = header_length(len(key), align)
     buf = bytearray(hlen)
     _FIXED.pack_into(
-        buf, 0, MAGIC, VERSION, int(codec), 0, hlen, len(key), 0,
+        buf, 0, MAGIC, VERSION, int(codec), flags, hlen, len(key), 0,
         raw_len, stored_len, raw_checksum, namespace,
         int(time.time() * 1000) if created_ms is None else created_ms,
     )
@@ -113,7 +139,7 @@ def parse_header(buf: bytes | memoryview) -> FrameHeader:
     """Parse the header at the start of ``buf``; raises ObjectCorrupt if it is not one."""
     if len(buf) < HEADER_FIXED:
         raise ObjectCorrupt(f"object of {len(buf)} bytes is shorter than a frame header")
-    (magic, version, codec, _flags, hlen, key_len, _r, raw_len, stored_len, csum, ns,
+    (magic, version, codec, flags, hlen, key_len, _r, raw_len, stored_len, csum, ns,
      created) = _FIXED.unpack_from(buf, 0)
     if magic != MAGIC:
         raise ObjectCorrupt("not a kvstore-tiers frame (bad magic)")
@@ -121,8 +147,12 @@ def parse_header(buf: bytes | memoryview) -> FrameHeader:
         raise ObjectCorrupt(f"unsupported frame version {version}")
     if hlen < HEADER_FIXED + key_len or len(buf) < HEADER_FIXED + key_len:
         raise ObjectCorrupt("truncated frame header")
+    if flags & ~_KNOWN_FLAGS:
+        raise ObjectCorrupt(f"unknown frame flags {flags:#x}")
+    if flags & FLAG_ENCRYPTED:
+        codec |= CODEC_ENCRYPTED
     key = bytes(buf[HEADER_FIXED : HEADER_FIXED + key_len])
-    return FrameHeader(codec, hlen, raw_len, stored_len, csum, ns, created, key)
+    return FrameHeader(codec, hlen, raw_len, stored_len, csum, ns, created, key, flags)
 
 
 def check_header(header: FrameHeader, *, key: bytes, namespace: bytes, raw_len: int) -> None:
@@ -144,15 +174,27 @@ class FrameCodec:
     write them with one vectored call and no concatenation copy.
     """
 
-    def __init__(self, namespace: bytes, codec: CodecId, header_align: int = 8) -> None:
+    def __init__(self, namespace: bytes, codec: CodecId, header_align: int = 8,
+                 cipher: PayloadCipher | None = None) -> None:
         self.namespace = namespace
         self.codec = codec
         self.header_align = header_align
+        self.cipher = cipher
         self._codecs = CodecSet()
 
     def encode(self, key: bytes, raw: memoryview) -> tuple[bytearray, bytes | memoryview]:
-        raw_sum = checksum(raw)
         codec, payload = self._codecs.encode(self.codec, raw)
+        if self.cipher is not None:
+            # Encrypt after compression; the GCM tag replaces the CRC.
+            payload = self.cipher.seal(
+                self.cipher.aad(self.namespace, key, int(codec), len(raw)), payload)
+            header = pack_header(
+                codec=codec, key=key, namespace=self.namespace, raw_len=len(raw),
+                stored_len=len(payload), raw_checksum=0, align=self.header_align,
+                flags=FLAG_ENCRYPTED,
+            )
+            return header, payload
+        raw_sum = checksum(raw)
         header = pack_header(
             codec=codec, key=key, namespace=self.namespace, raw_len=len(raw),
             stored_len=len(payload), raw_checksum=raw_sum, align=self.header_align,
@@ -177,12 +219,27 @@ class FrameCodec:
     def decode_payload_into(
         self, header: FrameHeader, payload: bytes | memoryview, dest: memoryview
     ) -> None:
-        """Decode a checked header's payload into ``dest`` and verify its checksum."""
-        self._codecs.decode_into(header.codec, payload, dest)
-        self.verify(header, dest)
+        """Decode a checked header's payload into ``dest`` and verify its checksum.
+
+        With a cipher configured only encrypted frames are accepted (and vice
+        versa); authentication failure is ObjectCorrupt.
+        """
+        if header.encrypted != (self.cipher is not None):
+            raise ObjectCorrupt("encrypted frame but no key configured" if header.encrypted
+                                else "unencrypted frame in an encrypted tier")
+        if self.cipher is None:
+            self._codecs.decode_into(header.codec, payload, dest)
+            self.verify(header, dest)
+            return
+        codec = header.codec & ~CODEC_ENCRYPTED
+        plain = self.cipher.open(
+            self.cipher.aad(self.namespace, header.key, codec, header.raw_len), payload)
+        self._codecs.decode_into(codec, plain, dest)
 
     @staticmethod
     def verify(header: FrameHeader, dest: memoryview) -> None:
         """Raise ObjectCorrupt unless ``dest`` matches the header's checksum."""
+        if header.encrypted:  # only reached through a raw fast path: never valid
+            raise ObjectCorrupt("encrypted frame on a raw read path")
         if checksum(dest) != header.checksum:
             raise ObjectCorrupt("checksum mismatch")

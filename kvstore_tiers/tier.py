@@ -221,7 +221,18 @@ class KVStoreTier(SecondaryTierManager):
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.config = config
         self.locality = Locality(config.locality or ("REMOTE" if backend_cls.remote else "LOCAL"))
-        self.namespace = Namespace.from_offloading_spec(offloading_spec, config.namespace_salt)
+        from kvstore_tiers.crypto import PayloadCipher, load_key
+
+        key = load_key(config.encryption_key_env, config.encryption_key_file)
+        cipher = PayloadCipher(key) if key is not None else None
+        del key  # only the cipher object holds it from here on
+        salt = config.namespace_salt
+        if cipher is not None:
+            # Different keys -> different namespaces: tenants never address (or
+            # delete as corrupt) each other's objects; a rotation starts fresh.
+            salt = f"{salt or ''}|key:{cipher.key_id}"
+        self.encrypted = cipher is not None
+        self.namespace = Namespace.from_offloading_spec(offloading_spec, salt)
         self.codec_id = resolve_compression(
             config.compression, remote=backend_cls.remote, dtype_bytes=self.namespace.dtype_bytes
         )
@@ -260,7 +271,7 @@ class KVStoreTier(SecondaryTierManager):
         namespace, codec_id, align = self.namespace.digest, self.codec_id, backend_cls.header_align
         self._pool = IOPool(
             config.n_read_threads, config.n_write_threads, config.max_queued_chunks,
-            ctx_factory=lambda: FrameCodec(namespace, codec_id, align),
+            ctx_factory=lambda: FrameCodec(namespace, codec_id, align, cipher),
             name=f"kvstore_{tier_type}",
         )
         self._lookup = _BackendLookup(self, tier_type)
