@@ -111,10 +111,17 @@ class Driver:
         with self.h.locked():
             return bool(self.h.manager.has_pending_work())
 
+    def _take_events(self) -> None:
+        # The engine's connector drains KV events every step; so must we, or
+        # vLLM's own event list grows (not a tier leak).
+        with self.h.locked():
+            list(self.h.manager.take_events())
+
     def settle(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
             self.call(self.h.step)
+            self.call(self._take_events)
             if not self.call(self._pending):
                 return
             if time.monotonic() > deadline:
