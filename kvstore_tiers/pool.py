@@ -80,6 +80,7 @@ class IOPool:
         self._queued_chunks = 0
         self._max_queued_chunks = max_queued_chunks
         self._inflight_jobs = 0
+        self._idle = 0  # workers waiting for a task (guarded by _cond)
         self._stop = False
         self._ctx_factory = ctx_factory
         #: Jobs whose last task finished; appended by workers, popped by the owner.
@@ -117,7 +118,11 @@ class IOPool:
             self._inflight_jobs += 1
             self._queued_chunks += n_chunks
             (self._load_q if is_load else self._store_q).extend(tasks)
-            self._cond.notify(len(tasks))
+            # Wake ONE idle thread; it wakes the next if work remains (see
+            # _worker). Each wake-up is a futex call, and this runs on vLLM's
+            # scheduler thread: chaining keeps that cost to one per submit.
+            if self._idle:
+                self._cond.notify(1)
         return True
 
     def cancel_queued(self) -> int:
@@ -168,7 +173,12 @@ class IOPool:
         ctx = self._ctx_factory()
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stop or self._load_q or self._store_q)
+                while not (self._stop or self._load_q or self._store_q):
+                    self._idle += 1
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._idle -= 1
                 if self._stop:
                     return
                 first, second = (
@@ -176,6 +186,8 @@ class IOPool:
                 )
                 task = first.popleft() if first else second.popleft()
                 self._queued_chunks -= task.n_chunks
+                if self._idle and (self._load_q or self._store_q):
+                    self._cond.notify(1)  # fan out: the next idle thread takes the next task
             start = time.monotonic()
             try:
                 task.run(ctx)

@@ -94,6 +94,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+#: Chunks per store task (at least; a backend's larger max_batch wins).
+STORE_BATCH = 4
+
 #: Directory where every tier writes a JSON snapshot of its counters at shutdown.
 STATS_DIR_ENV = "KVSTORE_TIERS_STATS_DIR"
 
@@ -447,8 +450,10 @@ class KVStoreTier(SecondaryTierManager):
 
     def _submit(self, tj: TransferJob, is_load: bool) -> None:
         keys = list(tj.keys)
-        cids = np.asarray(tj.chunk_ids).astype(np.int64, copy=False).tolist()
-        if len(cids) != len(keys) or any(c < 0 or c >= self._num_chunks for c in cids):
+        cids: list[int] = np.asarray(tj.chunk_ids).tolist()
+        if len(cids) != len(keys) or (
+            cids and (min(cids) < 0 or max(cids) >= self._num_chunks)
+        ):
             self._warn.warning(
                 "bad-chunk", "kvstore tier %s: job %d has chunk ids outside [0, %d); failing it",
                 self.tier_type, tj.job_id, self._num_chunks,
@@ -474,7 +479,11 @@ class KVStoreTier(SecondaryTierManager):
             chunk_ids=cids, todo=todo, submit_time=tj.submit_time,
             deadline=time.monotonic() + timeout if is_load and timeout else None,
         )
-        batch = max(1, self.backend.max_batch)
+        # Loads go one chunk per task (max_batch for pipelining backends) so a
+        # request's chunks move in parallel; stores are off the TTFT path, so
+        # they are batched by STORE_BATCH to cost the scheduler fewer tasks.
+        batch = max(1, self.backend.max_batch if is_load else
+                    max(self.backend.max_batch, STORE_BATCH))
         tasks = [_Task(self, job, list(range(s, min(s + batch, len(todo)))))
                  for s in range(0, len(todo), batch)]
         if not is_load:
