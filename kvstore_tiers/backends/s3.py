@@ -42,7 +42,9 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import queue
 import threading
+import time
 from collections import Counter
 from collections.abc import Coroutine, Iterator, Sequence
 from typing import Any, TypeVar
@@ -118,6 +120,9 @@ class S3Backend(Backend):
     def open(self) -> None:
         """Probe endpoint/credentials/bucket (boto3), then start the loop and client."""
         ns = self.namespace
+        if not self.config.verify_tls and not self.config.ca_bundle:
+            logger.warning("s3 tier: verify_tls is false: the TLS certificate of %s is not "
+                           "verified (set ca_bundle instead outside tests)", self.config.where)
         result = _probe(self.config, getattr(ns, "name", None), getattr(ns, "run_config", None))
         self.conditional_put = result.conditional_put
         self._start_loop()
@@ -363,26 +368,53 @@ class S3Backend(Backend):
     def load_many(
         self, items: Sequence[LoadItem], codec: FrameCodec
     ) -> list[BaseException | None]:
-        """GET the whole batch concurrently, then decode and verify on this thread."""
+        """GET the whole batch concurrently; decode each frame on this thread as it lands.
+
+        Decoding overlaps the batch's remaining GETs (instead of starting once the
+        slowest one is in), so a task's decode tail is one frame, not ``max_batch``.
+        """
         if not items:
             return []
-        try:
-            frames = self._run(self._gather([self._get(self.prefix + it.name) for it in items]))
-        except Exception as exc:
-            return [classify(exc)] * len(items)
-        out: list[BaseException | None] = []
-        for item, frame in zip(items, frames, strict=True):
+        loop = self._loop
+        if loop is None:
+            return [classify(TransientError("s3 backend is closed"))] * len(items)
+        landed: queue.SimpleQueue[tuple[int, bytes | BaseException]] = queue.SimpleQueue()
+
+        async def one(i: int, key: str) -> None:
+            try:
+                landed.put((i, await self._get(key)))
+            except Exception as exc:
+                landed.put((i, exc))
+
+        async def batch() -> None:
+            await asyncio.gather(*(one(i, self.prefix + it.name) for i, it in enumerate(items)))
+
+        deadline_s = self.config.request_deadline_s
+        fut = asyncio.run_coroutine_threadsafe(batch(), loop)
+        deadline = time.monotonic() + deadline_s
+        out: list[BaseException | None] = [None] * len(items)
+        pending = set(range(len(items)))
+        while pending:
+            try:
+                i, frame = landed.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                fut.cancel()
+                late = TransientError(f"s3 requests did not finish within {deadline_s}s")
+                for j in pending:
+                    out[j] = classify(late)
+                break
+            pending.discard(i)
+            item = items[i]
             if isinstance(frame, BaseException):
                 err = frame if isinstance(frame, TransientError) else \
                     self._error(frame, f"GET {item.name}")
-                out.append(classify(err))
+                out[i] = classify(err)
                 continue
             try:
                 item.stored_len = len(frame)
                 codec.decode_into(item.key, frame, item.dest)
-                out.append(None)
             except Exception as exc:
-                out.append(classify(exc))
+                out[i] = classify(exc)
         return out
 
     # -- administration ----------------------------------------------------------
