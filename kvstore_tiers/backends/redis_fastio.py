@@ -47,6 +47,8 @@ from kvstore_tiers.frame import HEADER_FIXED, FrameCodec, check_header, parse_he
 CRLF = b"\r\n"
 #: Bytes of a value read before its header is parsed (fixed part + key + pad).
 HEAD_PEEK = 256
+#: SET value bytes unanswered at once, over all connections (the store window).
+SET_WINDOW_BYTES = 8 << 20
 
 
 class _ProtocolError(Exception):
@@ -130,11 +132,16 @@ class _Reader:
 class FastIO:
     """Batched SET/GET over connections of a redis-py ``ConnectionPool``."""
 
-    def __init__(self, pool: Any, retries: int, backoff: Callable[[int], float]) -> None:
+    def __init__(self, pool: Any, retries: int, backoff: Callable[[int], float],
+                 set_window_bytes: int = SET_WINDOW_BYTES) -> None:
         self.pool = pool
         self.retries = retries
         self.backoff = backoff
         self._local = threading.local()
+        #: SET value bytes all connections together may have unanswered (0: no limit).
+        self.set_window_bytes = set_window_bytes
+        self._inflight = 0
+        self._window_cv = threading.Condition()
 
     # -- connection handling ----------------------------------------------------------
     def _with_connection(self, op: Callable[[Any], Any]) -> Any:
@@ -179,6 +186,11 @@ class FastIO:
 
         Returns per item True (written), False (existed) or the server's error
         (e.g. OutOfMemoryError). Connection errors raise (after retries).
+
+        Pipelined, within the store window: all connections together keep at
+        most ``set_window_bytes`` of SET values unanswered (see the module
+        docstring); a command waits for the reply of this connection's oldest
+        one when the window is full.
         """
         tail = b"\r\n$2\r\nNX\r\n"
         nargs = 4
@@ -186,34 +198,70 @@ class FastIO:
             t = str(int(ttl_s)).encode()
             tail += b"$2\r\nEX\r\n$%d\r\n%s\r\n" % (len(t), t)
             nargs = 6
-        pieces: list[Any] = []
-        small = bytearray()
+        # Per command: the pieces to write (small parts joined, big payloads as is).
+        cmds: list[tuple[list[Any], int]] = []
         for key, header, payload in frames:
             total = len(header) + len(payload)
-            small += b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n" % (nargs, len(key), key, total)
+            small = bytearray(b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n"
+                              % (nargs, len(key), key, total))
             small += header
             if len(payload) < 65536:
                 small += payload
+                small += tail
+                cmds.append(([bytes(small)], total))
             else:
-                pieces.append(bytes(small))
-                small = bytearray()
-                pieces.append(payload)
-            small += tail
-        pieces.append(bytes(small))
+                cmds.append(([bytes(small), payload, tail], total))
 
         def op(conn: Any) -> list[bool | BaseException]:
-            conn.send_packed_command(pieces, check_health=False)
             out: list[bool | BaseException] = []
-            for _ in frames:
-                try:
-                    reply = conn.read_response(disconnect_on_error=True)
-                except rexc.ResponseError as exc:  # -OOM, -READONLY, ...: per command
-                    out.append(exc)
-                    continue
-                out.append(reply is not None)
-            return out
+            pending: list[int] = []  # sizes admitted to the window, replies not yet read
+            try:
+                def read_one() -> None:
+                    try:
+                        reply = conn.read_response(disconnect_on_error=True)
+                    except rexc.ResponseError as exc:  # -OOM, -READONLY, ...: per command
+                        out.append(exc)
+                    else:
+                        out.append(reply is not None)
+                    finally:
+                        self._window_release(pending.pop(0))
+
+                for pieces, size in cmds:
+                    while not self._window_admit(size, wait=not pending):
+                        read_one()
+                    pending.append(size)
+                    conn.send_packed_command(pieces, check_health=False)
+                while pending:
+                    read_one()
+                return out
+            finally:
+                if pending:  # an error on the way out: give the window back
+                    self._window_release(sum(pending))
 
         return self._with_connection(op)
+
+    # -- store window ------------------------------------------------------------------
+    def _window_admit(self, size: int, wait: bool) -> bool:
+        """Take ``size`` bytes of the store window. ``wait=False``: False if it is full.
+
+        A caller with nothing outstanding always gets in eventually (and at
+        once when the window is empty, whatever ``size``); a caller with
+        replies outstanding never blocks here (it reads a reply instead), so
+        connections can never wait on each other in a cycle.
+        """
+        limit = self.set_window_bytes
+        with self._window_cv:
+            while limit and self._inflight and self._inflight + size > limit:
+                if not wait:
+                    return False
+                self._window_cv.wait()
+            self._inflight += size
+            return True
+
+    def _window_release(self, size: int) -> None:
+        with self._window_cv:
+            self._inflight -= size
+            self._window_cv.notify_all()
 
     # -- load --------------------------------------------------------------------------
     def get_many(self, keys: Sequence[bytes], items: Sequence[Any], codec: FrameCodec,
