@@ -1,0 +1,127 @@
+"""S3 over TLS with a custom CA (issue #7): an https moto_server with a test CA."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from .conftest import FAKE_KEY_ID, FAKE_SECRET, free_port, moto_server_bin
+from .s3_helpers import HIT, fetch, harness, make_keys, random_rows, store_all
+from .test_startup import build_error
+
+pytest.importorskip("cryptography")
+
+
+@pytest.fixture(scope="module")
+def https_moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    """(https endpoint, CA bundle path) of a moto_server with a certificate of our CA."""
+    from .tls_helpers import make_ca_and_server_cert
+
+    pki = make_ca_and_server_cert(Path(tmp_path_factory.mktemp("s3-pki")))
+    port = free_port()
+    proc = subprocess.Popen(
+        [moto_server_bin(), "-H", "127.0.0.1", "-p", str(port),
+         "-c", pki["server_cert"], "-k", pki["server_key"]],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    url = f"https://127.0.0.1:{port}"
+    ctx = ssl.create_default_context(cafile=pki["ca"])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"moto_server exited with {proc.returncode}")
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=1,
+                                       context=ctx).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("https moto_server did not answer within 30s") from None
+                time.sleep(0.1)  # polling for server start-up, not a test condition
+        yield url, pki["ca"]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture
+def tls_config(https_moto: tuple[str, str]) -> Any:
+    url, ca = https_moto
+    import boto3
+
+    bucket = f"kvt-tls-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=url, region_name="us-east-1", verify=ca,
+                 aws_access_key_id=FAKE_KEY_ID,
+                 aws_secret_access_key=FAKE_SECRET).create_bucket(Bucket=bucket)
+
+    def make(**overrides: Any) -> dict[str, Any]:
+        cfg: dict[str, Any] = {
+            "type": "s3", "bucket": bucket, "prefix": "tls/", "endpoint_url": url,
+            "aws_access_key_id": FAKE_KEY_ID, "aws_secret_access_key": FAKE_SECRET,
+            "connect_timeout_s": 2.0, "read_timeout_s": 5.0,
+        }
+        cfg.update(overrides)
+        return cfg
+
+    return make
+
+
+def round_trip(cfg: dict[str, Any], n: int = 12, seed: int = 3) -> None:
+    """Store ``n`` rows with one engine, read them back byte-exact with another."""
+    keys, rows = make_keys(n, seed=seed), random_rows(n, 16384, seed=seed)
+    writer = harness(cfg)
+    try:
+        store_all(writer, keys, rows)
+        assert writer.tiers[0].counters.objects_stored == n
+    finally:
+        writer.shutdown()
+    reader = harness(cfg)  # a fresh engine: HEADs and GETs over TLS
+    try:
+        results, got, _ = fetch(reader, keys)
+        assert results == [HIT] * n
+        assert got is not None and np.array_equal(got, rows)
+    finally:
+        reader.shutdown()
+
+
+def test_custom_ca_bundle_round_trips(tls_config: Any, https_moto: tuple[str, str]) -> None:
+    _, ca = https_moto
+    round_trip(tls_config(ca_bundle=ca))
+
+
+def test_without_the_ca_startup_fails_naming_tls(tls_config: Any) -> None:
+    msg = build_error(tls_config())  # verify on, system CAs only
+    assert "TLS" in msg and "certificate" in msg.lower(), msg
+    assert "ca_bundle" in msg  # says how to fix it
+
+
+def test_wrong_ca_bundle_fails_startup(tls_config: Any, tmp_path: Path) -> None:
+    from .tls_helpers import make_ca_and_server_cert
+
+    other = make_ca_and_server_cert(tmp_path)  # a different CA, same names
+    msg = build_error(tls_config(ca_bundle=other["ca"]))
+    assert "TLS" in msg and "certificate" in msg.lower(), msg
+
+
+def test_verify_tls_false_works_and_warns(tls_config: Any,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="kvstore_tiers"):
+        round_trip(tls_config(verify_tls=False), seed=4)
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno >= logging.WARNING and "verify_tls" in r.getMessage()]
+    assert warnings and "not verified" in warnings[0], warnings
