@@ -1,0 +1,69 @@
+"""Two vLLM processes share an s3 tier: the second is served from it, with identical output.
+
+Phase 1 and phase 2 are separate engine processes (tests/e2e/e2e_helpers.run)
+pointed at one moto S3 server started by the test: phase 1 computes and
+writes every full chunk to the bucket, phase 2 starts with empty GPU/CPU
+caches and an empty presence index (so its lookups are HEADs), gets every
+full chunk of its first prompt from S3, and generates the same tokens.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import BLOCK, TINY_PLAN, outputs, run, tier_counters
+
+pytest.importorskip("aiobotocore")
+pytest.importorskip("moto")
+
+from tests.s3.conftest import FAKE_KEY_ID, FAKE_SECRET, run_moto, s3_client
+
+pytestmark = pytest.mark.engine
+
+PROMPT_TOKENS = TINY_PLAN.prefix_tokens + TINY_PLAN.suffix_tokens
+FULL_CHUNKS = PROMPT_TOKENS // BLOCK            # 5 per prompt
+SHARED_CHUNKS = TINY_PLAN.prefix_tokens // BLOCK  # 4 shared by all prompts
+DISTINCT_CHUNKS = SHARED_CHUNKS + TINY_PLAN.num_prompts * (FULL_CHUNKS - SHARED_CHUNKS)
+
+
+@pytest.fixture
+def e2e_s3() -> Iterator[tuple[str, str, Any]]:
+    """(endpoint, bucket, boto3 client) of a fresh moto server for this test."""
+    with run_moto() as url:
+        client = s3_client(url)
+        bucket = f"kv-e2e-{uuid.uuid4().hex[:12]}"
+        client.create_bucket(Bucket=bucket)
+        yield url, bucket, client
+
+
+def test_second_process_is_served_from_s3(
+        e2e_s3: tuple[str, str, Any], tiny_model: Path, tmp_path: Path) -> None:
+    url, bucket, client = e2e_s3
+    # Credentials in the tier config: each phase is its own process.
+    tiers = [{"type": "s3", "bucket": bucket, "prefix": "e2e/", "endpoint_url": url,
+              "aws_access_key_id": FAKE_KEY_ID, "aws_secret_access_key": FAKE_SECRET}]
+    cold = run("s3-cold", tiny_model, tiers, tmp_path / "runs")
+    assert cold["tier_classes"]["s3"].startswith("kvstore_tiers."), cold["tier_classes"]
+    assert all(p["external_hit_tokens"] == 0 for p in cold["prompts"]), "tier was not empty"
+    assert tier_counters(cold)["objects_stored"] == DISTINCT_CHUNKS
+    listed = client.list_objects_v2(Bucket=bucket, Prefix="e2e/").get("Contents", [])
+    assert len([o for o in listed if o["Key"].endswith(".kvf")]) == DISTINCT_CHUNKS
+
+    warm = run("s3-warm", tiny_model, tiers, tmp_path / "runs")
+    assert warm["tier_classes"]["s3"].startswith("kvstore_tiers."), warm["tier_classes"]
+    first, *rest = warm["prompts"]
+    assert first["local_hit_tokens"] == 0
+    assert first["external_hit_tokens"] == FULL_CHUNKS * BLOCK  # every full chunk from S3
+    assert first["tier_read_bytes"] > 0
+    for p in rest:  # shared prefix from the local cache, the distinct chunk from S3
+        assert p["local_hit_tokens"] == SHARED_CHUNKS * BLOCK
+        assert p["external_hit_tokens"] == (FULL_CHUNKS - SHARED_CHUNKS) * BLOCK
+    counters = tier_counters(warm)
+    assert counters["objects_loaded"] == DISTINCT_CHUNKS
+    assert counters["corrupt_objects"] == 0
+    assert counters.get("load_failures", 0) == 0
+    assert outputs(warm) == outputs(cold)  # identical tokens, served vs computed
