@@ -10,6 +10,11 @@ Modes (``mode`` attribute, switched with :meth:`set_mode`):
 
 Switching closes every open connection, so pooled clients reconnect and see
 the new mode (as they would after a restart).
+
+Independently of the mode, :meth:`stall` holds every reply of the passing
+connections (open or new ones) while commands still reach the server -- a
+hung or badly delayed server, as the client sees it -- and :meth:`heal` lets
+the held replies through, late. Neither closes a connection.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import contextlib
 import socket
 import struct
 import threading
+from collections.abc import Callable
 
 LOADING = b"-LOADING Redis is loading the dataset in memory\r\n"
 
@@ -27,6 +33,9 @@ class RespProxy:
         self.upstream = ("127.0.0.1", upstream_port)
         self.mode = "pass"
         self.replies = 0  # -LOADING replies sent
+        self.held = 0  # reply chunks held back by stall() (counted once each)
+        self._flowing = threading.Event()  # cleared by stall(): replies wait
+        self._flowing.set()
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         self._srv = socket.create_server(("127.0.0.1", 0))
@@ -45,8 +54,17 @@ class RespProxy:
         for c in conns:
             _rst(c)
 
+    def stall(self) -> None:
+        """Hold server replies (commands still go through) until :meth:`heal`."""
+        self._flowing.clear()
+
+    def heal(self) -> None:
+        """Deliver the held replies (late) and forward normally again."""
+        self._flowing.set()
+
     def close(self) -> None:
         self._stop = True
+        self.heal()
         self.set_mode("pass")
         self._srv.close()
 
@@ -75,8 +93,16 @@ class RespProxy:
             return
         u.settimeout(None)
         self._track(c, u)
-        threading.Thread(target=_pump, args=(u, c), name="tcpproxy-pump", daemon=True).start()
+        threading.Thread(target=_pump, args=(u, c, self._hold), name="tcpproxy-pump",
+                         daemon=True).start()
         _pump(c, u)
+
+    def _hold(self) -> None:
+        """Reply pump: wait here while stalled."""
+        if not self._flowing.is_set():
+            with self._lock:
+                self.held += 1
+            self._flowing.wait()
 
     def _loading(self, c: socket.socket) -> None:
         self._track(c)
@@ -118,12 +144,15 @@ def _command_len(buf: bytes) -> int | None:
     return pos
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def _pump(src: socket.socket, dst: socket.socket,
+          before_send: Callable[[], None] | None = None) -> None:
     try:
         while True:
             data = src.recv(262144)
             if not data:
                 break
+            if before_send is not None:
+                before_send()
             dst.sendall(data)
     except OSError:
         pass
