@@ -507,20 +507,23 @@ class KVStoreTier(SecondaryTierManager):
         off = chunk_id * self._block_size_bytes
         return self._flat[off : off + self._block_size_bytes]
 
+    def _items(self, cls: type[Any], job: _Job, slots: Sequence[int],
+               bufs: Iterable[memoryview]) -> list[Any]:
+        """LoadItems/StoreItems of ``job``'s ``slots``, with their row buffers."""
+        name_of = self.namespace.object_name
+        keys = [job.keys[job.todo[s]] for s in slots]
+        return [cls(name_of(k), k, buf) for k, buf in zip(keys, bufs, strict=True)]
+
     def _run_task(self, task: _Task, codec: FrameCodec) -> None:
         """On an I/O thread: move a batch of chunks, record per-chunk outcomes."""
         job = task.job
-        cids = job.chunk_ids
-        name_of = self.namespace.object_name
         try:
             if job.is_load and job.deadline is not None:
                 self._run_deadlined_load(task, codec)
-            elif job.is_load:
-                items = [
-                    LoadItem(name_of(job.keys[job.todo[s]]), job.keys[job.todo[s]],
-                             self._row(cids[job.todo[s]]))
-                    for s in task.slots
-                ]
+                return
+            rows = [self._row(job.chunk_ids[job.todo[s]]) for s in task.slots]
+            if job.is_load:
+                items = self._items(LoadItem, job, task.slots, rows)
                 errors = self.backend.load_many(items, codec)
                 for s, item, err in zip(task.slots, items, errors, strict=True):
                     job.outcomes[s] = err
@@ -528,11 +531,7 @@ class KVStoreTier(SecondaryTierManager):
                     if isinstance(err, ObjectCorrupt):
                         self._remove_corrupt(item.name)
             else:
-                sitems = [
-                    StoreItem(name_of(job.keys[job.todo[s]]), job.keys[job.todo[s]],
-                              self._row(cids[job.todo[s]]))
-                    for s in task.slots
-                ]
+                sitems = self._items(StoreItem, job, task.slots, rows)
                 results = self.backend.store_many(sitems, codec)
                 for s, sitem, res in zip(task.slots, sitems, results, strict=True):
                     job.outcomes[s] = res
@@ -565,11 +564,8 @@ class KVStoreTier(SecondaryTierManager):
         # Views of the scratch are not released explicitly: a codec may still
         # hold an export of them; the mmap lives as long as this thread.
         scratch = memoryview(self._bounce(len(task.slots)))
-        items = [
-            LoadItem(self.namespace.object_name(job.keys[job.todo[s]]),
-                     job.keys[job.todo[s]], scratch[i * row : (i + 1) * row])
-            for i, s in enumerate(task.slots)
-        ]
+        items = self._items(LoadItem, job, task.slots,
+                            (scratch[i * row : (i + 1) * row] for i in range(len(task.slots))))
         errors = self.backend.load_many(items, codec)
         late = TimeoutError("load finished after its deadline; discarded")
         for s, item, err in zip(task.slots, items, errors, strict=True):

@@ -210,17 +210,10 @@ class FileSystemBackend(Backend):
             os.unlink(self.path(name))
 
     def iter_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        start = self.root / prefix if prefix else self.root
-        for dirpath, _dirs, files in os.walk(start):
-            for fn in files:
-                if not fn.endswith(SUFFIX):
-                    continue
-                full = os.path.join(dirpath, fn)
-                try:
-                    st = os.stat(full)
-                except FileNotFoundError:
-                    continue
-                yield ObjectInfo(os.path.relpath(full, self.root), st.st_size, st.st_mtime)
+        from kvstore_tiers.backends.fs_capacity import walk_objects
+
+        for path, st in walk_objects(self.root / prefix if prefix else self.root):
+            yield ObjectInfo(os.path.relpath(path, self.root), st.st_size, st.st_mtime)
 
     def touch_many(self, names: Sequence[str]) -> None:
         if self.capacity is None:

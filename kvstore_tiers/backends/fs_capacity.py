@@ -51,23 +51,23 @@ def _flock(path: Path, blocking: bool = True) -> Iterator[bool]:
         os.close(fd)  # releases the lock
 
 
-def scan(base: Path) -> tuple[int, list[tuple[float, int, str]]]:
-    """(bytes on disk, [(mtime, bytes, path)]) of every object under ``base``."""
-    total = 0
-    entries: list[tuple[float, int, str]] = []
+def walk_objects(base: Path | str) -> Iterator[tuple[str, os.stat_result]]:
+    """(path, stat) of every object file under ``base``; files that vanish are skipped."""
     for dirpath, _dirs, files in os.walk(base):
         for fn in files:
             if not fn.endswith(SUFFIX):
                 continue
             path = os.path.join(dirpath, fn)
             try:
-                st = os.stat(path)
+                yield path, os.stat(path)
             except FileNotFoundError:
                 continue
-            size = st.st_blocks * 512
-            total += size
-            entries.append((st.st_mtime, size, path))
-    return total, entries
+
+
+def scan(base: Path) -> tuple[int, list[tuple[float, int, str]]]:
+    """(bytes on disk, [(mtime, bytes, path)]) of every object under ``base``."""
+    entries = [(st.st_mtime, st.st_blocks * 512, path) for path, st in walk_objects(base)]
+    return sum(size for _m, size, _p in entries), entries
 
 
 class CapacityController:
