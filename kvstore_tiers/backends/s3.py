@@ -90,6 +90,40 @@ class _Unconditional(Exception):
     """The server refused If-None-Match; retry the PUT without it."""
 
 
+class NegativeCache:
+    """Object keys recently found absent, each remembered for ``ttl_s``.
+
+    Thread-safe (the lookup worker checks and fills it, the event-loop thread
+    forgets keys it stores). Bounded: past ``max_keys`` entries it starts
+    over, which only costs re-probing.
+    """
+
+    def __init__(self, ttl_s: float, max_keys: int = 200_000) -> None:
+        self.ttl_s = ttl_s
+        self.max_keys = max_keys
+        self._until: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def check(self, keys: Sequence[str]) -> list[bool]:
+        if self.ttl_s <= 0:
+            return [False] * len(keys)
+        now = time.monotonic()
+        with self._lock:
+            return [self._until.get(k, 0.0) > now for k in keys]
+
+    def remember(self, key: str) -> None:
+        if self.ttl_s <= 0:
+            return
+        with self._lock:
+            if len(self._until) >= self.max_keys:
+                self._until.clear()
+            self._until[key] = time.monotonic() + self.ttl_s
+
+    def forget(self, key: str) -> None:
+        with self._lock:
+            self._until.pop(key, None)
+
+
 class S3Backend(Backend):
     """Blocks as S3 objects. Thread-safe: every data method may be called concurrently."""
 
@@ -114,6 +148,7 @@ class S3Backend(Backend):
         self._sem: asyncio.Semaphore | None = None
         #: HTTP requests sent by the data path (retries included), by operation.
         self.requests: Counter[str] = Counter()
+        self._absent = NegativeCache(config.negative_cache_s)
         self._warn = RateLimitedLogger(logger, interval_s=30.0)
 
     # -- lifecycle ---------------------------------------------------------------
@@ -225,6 +260,7 @@ class S3Backend(Backend):
     # -- coroutines (loop thread) ------------------------------------------------
     async def _put(self, key: str, body: bytes) -> bool:
         assert self._sem is not None
+        self._absent.forget(key)  # stored (or about to be): no longer "absent"
         async with self._sem:
             if self.conditional_put:
                 try:
@@ -308,19 +344,30 @@ class S3Backend(Backend):
             raise self._error(exc, f"GET {name}") from exc
 
     def exists_many(self, names: Sequence[str]) -> list[bool]:
-        """One HEAD per name, all in flight at once (bounded). An error answers False."""
+        """One HEAD per name, all in flight at once (bounded). An error answers False.
+
+        Names a HEAD found absent less than ``negative_cache_s`` ago answer
+        False without a request: requests that share a prefix (or re-ask a
+        step later) do not re-probe blocks nobody has stored.
+        """
         if not names:
             return []
-        results = self._run(self._gather([self._head(self.prefix + n) for n in names]))
-        out: list[bool] = []
-        for n, r in zip(names, results, strict=True):
-            if isinstance(r, BaseException):
-                self._warn.warning("head", "s3 tier: existence check failed (%s); "
-                                   "answering miss", self._error(r, f"HEAD {n}"))
-                out.append(False)
-            else:
-                out.append(bool(r))
-        return out
+        keys = [self.prefix + n for n in names]
+        known_absent = self._absent.check(keys)
+        probe = [k for k, absent in zip(keys, known_absent, strict=True) if not absent]
+        found: dict[str, bool] = {}
+        if probe:
+            results = self._run(self._gather([self._head(k) for k in probe]))
+            for k, r in zip(probe, results, strict=True):
+                if isinstance(r, BaseException):
+                    self._warn.warning("head", "s3 tier: existence check failed (%s); "
+                                       "answering miss", self._error(r, f"HEAD {k}"))
+                    found[k] = False  # an error is not evidence of absence: not cached
+                else:
+                    found[k] = bool(r)
+                    if not r:
+                        self._absent.remember(k)
+        return [found.get(k, False) for k in keys]
 
     def delete(self, name: str) -> None:
         try:

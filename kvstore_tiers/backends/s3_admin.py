@@ -86,6 +86,10 @@ class S3Config(TierConfig):
     )
     sse_kms_key_id: str | None = Field(None, description="KMS key id/ARN for sse='aws:kms'.")
     create_bucket: bool = Field(False, description="Create the bucket at startup if missing.")
+    negative_cache_s: float = Field(
+        2.0, ge=0, description="Seconds a block found absent by HEAD is remembered as absent "
+        "(lookups of it send no request meanwhile); 0 disables.",
+    )
     conditional_put: bool = Field(
         True, description="Use If-None-Match: * so an existing object is never rewritten "
         "(falls back to plain PUT if the server does not implement it).",

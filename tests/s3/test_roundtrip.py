@@ -164,3 +164,24 @@ def test_module_path_route(tier_config: Any) -> None:
         assert type(h.tiers[0]).__name__ == "S3Tier"
     finally:
         h.shutdown()
+
+
+def test_absent_blocks_are_not_probed_again_within_negative_cache_s(tier_config: Any) -> None:
+    """Requests sharing a prefix ask for the same absent blocks: one HEAD each,
+    not one per request; a block this engine stores is not "absent" any more."""
+    reader = harness(tier_config(negative_cache_s=3600))
+    try:
+        keys, rows = make_keys(6, seed=31), random_rows(6, 16384, seed=31)
+        tier = reader.tiers[0]
+        backend = tier.backend
+        before = backend.requests["HeadObject"]
+        for _ in range(3):  # three requests with the same (absent) prefix
+            results, _, _ = fetch(reader, keys)
+            assert results == [MISS] * 6
+        assert backend.requests["HeadObject"] - before == 6
+        store_all(reader, keys[:2], rows[:2])  # this engine stores two of them
+        names = [tier.namespace.object_name(k) for k in keys]
+        assert backend.exists_many(names) == [True, True] + [False] * 4
+        assert backend.requests["HeadObject"] - before == 8  # only the stored two re-probed
+    finally:
+        reader.shutdown()
