@@ -13,8 +13,26 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 
 _FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
+
+
+class _CurrentStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is when a record is emitted (as
+    ``logging.lastResort`` does), so a replaced stderr (a CLI test runner, a
+    daemonised process) never leaves us writing to a closed stream."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property  # type: ignore[override]
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
 
 
 def attach_to_vllm_logging() -> None:
@@ -31,7 +49,7 @@ def attach_to_vllm_logging() -> None:
         ours.propagate = vllm_logger.propagate  # as vLLM's own records do
     else:
         # Records still propagate: an application's root handlers see them too.
-        handler = logging.StreamHandler()
+        handler = _CurrentStderrHandler()
         handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%m-%d %H:%M:%S"))
         ours.addHandler(handler)
         ours.setLevel(logging.INFO)

@@ -24,7 +24,7 @@ def test_check_round_trips_a_block(tmp_path: Path) -> None:
     cfg = json.dumps({"type": "fs", "root_dir": str(tmp_path / "kv")})
     out = invoke("check", "--config", cfg, "--json")
     assert out.exit_code == 0, out.output
-    (rep,) = json.loads(out.output)
+    (rep,) = json.loads(out.stdout)
     assert rep["ok"] and rep["codec"] == "none" and rep["namespace"].startswith("org_model_")
     assert rep["load_ms"] > 0 and rep["store_ms"] > 0
     assert kvf_files(tmp_path / "kv") == []  # the test block is removed afterwards
@@ -38,7 +38,7 @@ def test_check_accepts_a_whole_kv_transfer_config_file(tmp_path: Path) -> None:
     path.write_text(cfg.output)
     out = invoke("check", "--config", str(path), "--json")
     assert out.exit_code == 0, out.output
-    assert json.loads(out.output)[0]["ok"]
+    assert json.loads(out.stdout)[0]["ok"]
 
 
 def test_check_names_a_bad_key_and_a_bad_value(tmp_path: Path) -> None:
@@ -64,7 +64,7 @@ def test_stats_counts_objects_namespaces_and_ages(fs_store: Path) -> None:
         age(f, 3 * 86400)
     out = invoke("stats", "--fs", str(fs_store), "--json")
     assert out.exit_code == 0, out.output
-    (st,) = json.loads(out.output)
+    (st,) = json.loads(out.stdout)
     assert st["objects"] == 8
     assert st["bytes"] == sum(f.stat().st_size for f in files)
     ((name, ns),) = st["namespaces"].items()
@@ -79,7 +79,7 @@ def test_stats_counts_objects_namespaces_and_ages(fs_store: Path) -> None:
 def test_verify_detects_a_flipped_byte_and_deletes_it(fs_store: Path) -> None:
     clean = invoke("verify", "--fs", str(fs_store), "--json")
     assert clean.exit_code == 0, clean.output
-    assert json.loads(clean.output)[0]["ok"] == 8
+    assert json.loads(clean.stdout)[0]["ok"] == 8
     victim = kvf_files(fs_store)[2]
     flip_byte(victim)
     bad = invoke("verify", "--fs", str(fs_store))
@@ -88,7 +88,7 @@ def test_verify_detects_a_flipped_byte_and_deletes_it(fs_store: Path) -> None:
     assert victim.exists()  # without --delete nothing is removed
     fixed = invoke("verify", "--fs", str(fs_store), "--delete", "--json")
     assert fixed.exit_code == 1
-    rep = json.loads(fixed.output)[0]
+    rep = json.loads(fixed.stdout)[0]
     assert rep["deleted"] == 1 and rep["ok"] == 7
     assert not victim.exists()
     assert invoke("verify", "--fs", str(fs_store)).exit_code == 0
@@ -101,7 +101,7 @@ def test_verify_detects_a_renamed_object_and_truncation(fs_store: Path) -> None:
     c.write_bytes(c.read_bytes()[:-10])
     out = invoke("verify", "--fs", str(fs_store), "--json")
     assert out.exit_code == 1
-    reasons = {Path(x["name"]).name: x["reason"] for x in json.loads(out.output)[0]["corrupt"]}
+    reasons = {Path(x["name"]).name: x["reason"] for x in json.loads(out.stdout)[0]["corrupt"]}
     assert "another key" in reasons[b.name]
     assert "truncated" in reasons[c.name] or "bytes" in reasons[c.name]
 
@@ -109,7 +109,7 @@ def test_verify_detects_a_renamed_object_and_truncation(fs_store: Path) -> None:
 def test_verify_sample(fs_store: Path) -> None:
     out = invoke("verify", "--fs", str(fs_store), "--sample", "3", "--json")
     assert out.exit_code == 0
-    assert json.loads(out.output)[0]["checked"] == 3
+    assert json.loads(out.stdout)[0]["checked"] == 3
 
 
 def test_gc_by_age(fs_store: Path) -> None:
@@ -118,7 +118,7 @@ def test_gc_by_age(fs_store: Path) -> None:
     for f in old:
         age(f, 2 * 3600)
     dry = invoke("gc", "--fs", str(fs_store), "--max-age", "1h", "--dry-run", "--json")
-    assert json.loads(dry.output)[0]["deleted_objects"] == 3
+    assert json.loads(dry.stdout)[0]["deleted_objects"] == 3
     assert len(kvf_files(fs_store)) == 8
     out = invoke("gc", "--fs", str(fs_store), "--max-age", "1h")
     assert out.exit_code == 0, out.output
@@ -135,7 +135,7 @@ def test_gc_down_to_a_size_removes_the_oldest(fs_store: Path) -> None:
     size = files[0].stat().st_size
     out = invoke("gc", "--fs", str(fs_store), "--max-bytes", str(3 * size), "--json")
     assert out.exit_code == 0, out.output
-    rep = json.loads(out.output)[0]
+    rep = json.loads(out.stdout)[0]
     assert rep["deleted_objects"] == 5 and rep["remaining_bytes"] == 3 * size
     assert kvf_files(fs_store) == sorted(files[5:])
 
@@ -149,7 +149,7 @@ def test_config_prints_json_and_a_serve_line() -> None:
     out = invoke("config", "--tier", "fs", "--root-dir", "/mnt/kv", "--cpu-gb", "32",
                  "--model", "Qwen/Qwen3-8B", "--json-only")
     assert out.exit_code == 0, out.output
-    cfg = json.loads(out.output)
+    cfg = json.loads(out.stdout)
     extra = cfg["kv_connector_extra_config"]
     assert cfg["kv_connector"] == "OffloadingConnector"
     assert extra["spec_name"] == "TieringOffloadingSpec"
@@ -186,7 +186,7 @@ def test_verify_checks_encrypted_objects_without_the_key(
                                "encryption_key_env": "KVT_VERIFY_KEY"})
     out = invoke("verify", "--fs", str(root), "--delete", "--json")
     assert out.exit_code == 0, out.output
-    rep = json.loads(out.output)[0]
+    rep = json.loads(out.stdout)[0]
     assert rep["ok"] == 8 and rep["deleted"] == 0
     assert list(rep["codecs"]) == ["encrypted+none"]
     victim = kvf_files(root)[0]

@@ -20,7 +20,7 @@ def test_redis_stats_verify_gc(redis_server: RedisServer,
     tier = _redis_tier(redis_server)
     populate(harness_factory, tier)
     cfg = json.dumps(tier)
-    st = json.loads(invoke("stats", "--config", cfg, "--json").output)[0]
+    st = json.loads(invoke("stats", "--config", cfg, "--json").stdout)[0]
     assert st["objects"] == 8
     ((_ns, info),) = st["namespaces"].items()
     assert info["objects"] == 8 and info["model"] == "?"  # redis stores no run config
@@ -42,19 +42,19 @@ def test_redis_stats_verify_gc(redis_server: RedisServer,
         client.setrange(k, 56, old_ms)
     out = invoke("gc", "--config", cfg, "--max-age", "1d", "--json")
     assert out.exit_code == 0, out.output
-    rep = json.loads(out.output)[0]
+    rep = json.loads(out.stdout)[0]
     assert rep["deleted_objects"] == 2 and rep["method"] == "redis UNLINK pipeline"
     assert client.exists(*keys[1:3]) == 0
     size = client.strlen(keys[3])
     out = invoke("gc", "--redis", redis_server.url, "--max-bytes", str(2 * size), "--json")
-    assert json.loads(out.output)[0]["deleted_objects"] == 3
+    assert json.loads(out.stdout)[0]["deleted_objects"] == 3
     assert len(list(client.scan_iter("kvstore:*.kvf"))) == 2
 
 
 def test_redis_check_ok_and_wrong_endpoint(redis_server: RedisServer) -> None:
     ok = invoke("check", "--redis", redis_server.url, "--json")
     assert ok.exit_code == 0, ok.output
-    rep = json.loads(ok.output)[0]
+    rep = json.loads(ok.stdout)[0]
     assert rep["ok"] and rep["codec"] == "kvsplit"  # auto on a remote tier, bf16 KV
     url = f"redis://127.0.0.1:{free_port()}/0"
     bad = invoke("check", "--config", json.dumps({"type": "redis", "url": url,
@@ -68,7 +68,7 @@ def test_s3_stats_verify_gc(tier_config: Callable[..., dict[str, Any]], s3: Any,
     tier = tier_config(compression="zstd")
     populate(harness_factory, tier)
     cfg = json.dumps(tier)
-    st = json.loads(invoke("stats", "--config", cfg, "--json").output)[0]
+    st = json.loads(invoke("stats", "--config", cfg, "--json").stdout)[0]
     assert st["objects"] == 8
     ((_ns, info),) = st["namespaces"].items()
     assert info["model"] == "org/model" and info["dtype"] == "bfloat16"  # from config.json
@@ -80,14 +80,14 @@ def test_s3_stats_verify_gc(tier_config: Callable[..., dict[str, Any]], s3: Any,
     s3.put_object(Bucket=bucket, Key=keys[0], Body=bytes(body))
     bad = invoke("verify", "--config", cfg, "--json")
     assert bad.exit_code == 1
-    rep = json.loads(bad.output)[0]
+    rep = json.loads(bad.stdout)[0]
     # random rows do not compress: the writer stored them raw (codec none in the frame)
     assert len(rep["corrupt"]) == 1 and rep["ok"] == 7 and rep["codecs"] == {"none": 7}
     assert invoke("verify", "--config", cfg, "--delete").exit_code == 1
     assert invoke("verify", "--config", cfg).exit_code == 0
 
     out = invoke("gc", "--config", cfg, "--max-bytes", "1", "--json")
-    rep = json.loads(out.output)[0]
+    rep = json.loads(out.stdout)[0]
     assert rep["deleted_objects"] == 7 and rep["method"] == "s3 DeleteObjects"
     left = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
     assert not [k for k in left if k.endswith(".kvf")]
@@ -97,7 +97,7 @@ def test_s3_stats_verify_gc(tier_config: Callable[..., dict[str, Any]], s3: Any,
 def test_s3_check_ok_and_wrong_endpoint(tier_config: Callable[..., dict[str, Any]]) -> None:
     ok = invoke("check", "--config", json.dumps(tier_config()), "--json")
     assert ok.exit_code == 0, ok.output
-    assert json.loads(ok.output)[0]["ok"]
+    assert json.loads(ok.stdout)[0]["ok"]
     endpoint = f"http://127.0.0.1:{free_port()}"
     bad = invoke("check", "--config", json.dumps(tier_config(endpoint_url=endpoint,
                                                              max_attempts=1)))
