@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,18 +9,15 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvstore_tiers import samples
+
 REPO = Path(__file__).resolve().parent.parent
-KV_SAMPLES_DIR = Path(os.environ.get("KVSTORE_KV_SAMPLES", REPO.parent / "shared/data/kv-samples"))
+KV_SAMPLES_DIR = samples.default_dir()
 
 
 def load_kv_samples() -> list[tuple[dict[str, Any], np.ndarray]]:
     """[(file entry of the JSON sidecar, blocks as (num_blocks, block_bytes) uint8)]."""
-    meta = json.loads((KV_SAMPLES_DIR / "kv-samples.json").read_text())
-    out = []
-    for entry in meta["files"]:
-        raw = np.fromfile(KV_SAMPLES_DIR / entry["file"], dtype=np.uint8)
-        out.append((entry, raw.reshape(entry["num_blocks"], entry["block_bytes"])))
-    return out
+    return samples.load(KV_SAMPLES_DIR)
 
 
 @pytest.fixture(scope="session")

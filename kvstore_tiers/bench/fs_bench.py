@@ -41,10 +41,11 @@ from typing import Any
 
 import numpy as np
 
+from kvstore_tiers import samples
 from kvstore_tiers.harness import Harness, build_harness, make_keys
 
 KiB, MiB = 1 << 10, 1 << 20
-DEFAULT_SAMPLES = Path(os.environ.get("KVSTORE_KV_SAMPLES", "/work/shared/data/kv-samples"))
+DEFAULT_SAMPLES = samples.default_dir()
 TIERS = {"kvstore": "fs", "vllm": "vllm_fs"}
 
 

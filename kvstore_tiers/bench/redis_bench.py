@@ -11,7 +11,7 @@ then, in the same run and against the same server:
    the primary forgot them, one request that looks them up and loads them
    back (Redis -> primary). Incompressible bytes and ``compression: none``,
    so both move the same bytes; rounds alternate and the median is kept.
-2. **Memory.** The real KV samples (``/work/shared/data/kv-samples``) stored
+2. **Memory.** The real KV samples (``shared/data/kv-samples`` beside the checkout) stored
    with ``compression: none`` and with ``kvsplit``; Redis ``MEMORY USAGE``
    per key and the ``used_memory`` delta, per block.
 
@@ -25,7 +25,6 @@ import contextlib
 import csv
 import io
 import json
-import os
 import shutil
 import socket
 import statistics
@@ -38,8 +37,10 @@ from typing import Any
 
 import numpy as np
 
+from kvstore_tiers import samples
+
 MiB = 1 << 20
-DEFAULT_SAMPLES = Path(os.environ.get("KVSTORE_KV_SAMPLES", "/work/shared/data/kv-samples"))
+DEFAULT_SAMPLES = samples.default_dir()
 
 
 def _free_port() -> int:

@@ -40,8 +40,10 @@ from typing import Any
 
 import numpy as np
 
+from kvstore_tiers import samples
+
 MiB = 1 << 20
-DEFAULT_SAMPLES = Path(os.environ.get("KVSTORE_KV_SAMPLES", "/work/shared/data/kv-samples"))
+DEFAULT_SAMPLES = samples.default_dir()
 FAKE_KEYS = {"aws_access_key_id": "AKIABENCHFAKE0000000", "aws_secret_access_key": "bench"}
 
 

@@ -25,7 +25,7 @@ import click
               default=Path(".bench-kvstore"), show_default=True,
               help="Scratch directory on the disk to measure (removed afterwards).")
 @click.option("--samples", "samples_dir", type=click.Path(path_type=Path),
-              default=Path("/work/shared/data/kv-samples"), show_default=True,
+              default=None, show_default="../shared/data/kv-samples beside the checkout",
               help="Real KV samples (kv-samples.json + *.bin) for the codec comparison; "
               "a missing directory skips it.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
@@ -33,7 +33,7 @@ import click
               help="Where the JSON result and the PNG plots go.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
-          total_mib: int | None, rounds: int | None, directory: Path, samples_dir: Path,
+          total_mib: int | None, rounds: int | None, directory: Path, samples_dir: Path | None,
           out_dir: Path, no_plots: bool) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
@@ -54,7 +54,9 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
 
     from kvstore_tiers.bench.plots import plot_all
     from kvstore_tiers.bench.runner import BenchPlan, print_tables, run, write_json
+    from kvstore_tiers.samples import default_dir
 
+    samples_dir = samples_dir or default_dir()
     samples = samples_dir if (samples_dir / "kv-samples.json").exists() else None
     plan = BenchPlan.quick() if quick else BenchPlan()
     plan.tiers = tuple(dict.fromkeys(tiers))

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from vllm.v1.kv_offload.base import LookupResult
 
+from kvstore_tiers import samples
 from kvstore_tiers.harness import Harness, build_harness, make_keys
 
-SAMPLES = Path("/work/shared/data/kv-samples")
+SAMPLES = samples.default_dir()
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 
 
@@ -46,10 +45,7 @@ def fetch(h: Harness, keys: list[bytes]) -> tuple[list[Any], np.ndarray | None, 
 
 def sample_blocks(file: str = "smollm2-135m_bf16_n16.bin") -> np.ndarray:
     """The real bf16 KV blocks of kv-samples as (num_blocks, block_bytes) uint8."""
-    meta = json.loads((SAMPLES / "kv-samples.json").read_text())
-    info = next(f for f in meta["files"] if f["file"] == file)
-    data = np.fromfile(SAMPLES / file, dtype=np.uint8)
-    return data.reshape(info["num_blocks"], info["block_bytes"])
+    return next(blocks for entry, blocks in samples.load(SAMPLES) if entry["file"] == file)
 
 
 __all__ = ["HIT", "MISS", "fetch", "harness", "make_keys", "random_rows", "sample_blocks",
