@@ -181,6 +181,10 @@ class S3Backend(Backend):
                 task.cancel()
             if pending:
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            # aiohttp resolves host names in the loop's default executor: join
+            # its threads, or every closed backend leaves one behind.
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_default_executor())
             loop.close()
 
         self._loop = loop

@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from vllm.v1.kv_offload.base import LookupResult
@@ -68,12 +68,24 @@ def _tier_threads() -> set[int]:
 
 
 class Driver:
-    """One harness (vLLM spec + manager + our tier) driven like the scheduler, with scoring."""
+    """One harness (vLLM spec + manager + our tier) driven like the scheduler, with scoring.
+
+    Several Drivers may be alive at once (two tenants, two engines). Threads
+    are then counted for the group: the threads that existed before the first
+    of them was made, checked when the last of them closes -- a tier's threads
+    may start lazily (e.g. a resolver thread at the first request), so no
+    single Driver can tell its own from a sibling's.
+    """
+
+    _live: ClassVar[set[int]] = set()
+    _group_before: ClassVar[set[int]] = set()
 
     def __init__(self, backend: str, tiers: Sequence[dict[str, Any]], *, num_chunks: int = 16,
                  chunk_bytes: int = 16384, **kw: Any) -> None:
         self.score = score(backend)
-        self._threads_before = _tier_threads()
+        if not Driver._live:
+            Driver._group_before = _tier_threads()
+        Driver._live.add(id(self))
         self.h: Harness = build_harness(tiers, num_chunks=num_chunks, chunk_bytes=chunk_bytes,
                                         **kw)
         self.row_bytes = chunk_bytes
@@ -203,14 +215,20 @@ class Driver:
         self._closed = True
         leaked = self.check_settled()
         self.h.shutdown()
+        Driver._live.discard(id(self))
+        if Driver._live:
+            return leaked  # threads are checked when the group's last Driver closes
         deadline = time.monotonic() + 5
         extra: set[int] = set()
         while time.monotonic() < deadline:
-            extra = _tier_threads() - self._threads_before
+            extra = _tier_threads() - Driver._group_before
             if not extra:
                 break
             time.sleep(0.02)
         self.score.leaks += len(extra)
+        if extra:  # name them: a leak report is only useful with the culprits
+            names = sorted(t.name for t in threading.enumerate() if t.ident in extra)
+            print(f"kvstore fault driver: threads left behind: {names}")
         return leaked + len(extra)
 
 

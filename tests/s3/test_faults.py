@@ -148,7 +148,9 @@ def test_endpoint_gone_at_runtime_fails_fast_and_recovers(
         assert tier.breaker.state is BreakerState.OPEN
         # Another engine sees nothing of the lost stores once S3 is back.
         proxy.heal()
-        other = harness(tier_config())
+        # No negative cache for the observer: it must see h's later stores at
+        # once (with the default 2 s it may keep answering "absent" briefly).
+        other = harness(tier_config(negative_cache_s=0))
         results, _, ctx = fetch(other, new)
         assert results == [MISS] * 4
         other.finish_request(ctx)
