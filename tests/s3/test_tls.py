@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from ..pki import make_pki
 from .conftest import FAKE_KEY_ID, FAKE_SECRET, free_port, moto_server_bin
 from .s3_helpers import HIT, fetch, harness, make_keys, random_rows, store_all
 from .test_startup import build_error
@@ -25,9 +26,8 @@ pytest.importorskip("cryptography")
 @pytest.fixture(scope="module")
 def https_moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(https endpoint, CA bundle path) of a moto_server with a certificate of our CA."""
-    from .tls_helpers import make_ca_and_server_cert
 
-    pki = make_ca_and_server_cert(Path(tmp_path_factory.mktemp("s3-pki")))
+    pki = make_pki(Path(tmp_path_factory.mktemp("s3-pki")))
     port = free_port()
     proc = subprocess.Popen(
         [moto_server_bin(), "-H", "127.0.0.1", "-p", str(port),
@@ -111,9 +111,8 @@ def test_without_the_ca_startup_fails_naming_tls(tls_config: Any) -> None:
 
 
 def test_wrong_ca_bundle_fails_startup(tls_config: Any, tmp_path: Path) -> None:
-    from .tls_helpers import make_ca_and_server_cert
 
-    other = make_ca_and_server_cert(tmp_path)  # a different CA, same names
+    other = make_pki(tmp_path)  # a different CA, same names
     msg = build_error(tls_config(ca_bundle=other["ca"]))
     assert "TLS" in msg and "certificate" in msg.lower(), msg
 
