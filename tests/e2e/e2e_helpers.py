@@ -60,3 +60,30 @@ class WarmTier:
 def copy_tier(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
+
+
+# The tiny plan's chunk arithmetic (BLOCK tokens per offloaded chunk).
+PROMPT_TOKENS = TINY_PLAN.prefix_tokens + TINY_PLAN.suffix_tokens
+FULL_CHUNKS = PROMPT_TOKENS // BLOCK            # full chunks per prompt
+SHARED_CHUNKS = TINY_PLAN.prefix_tokens // BLOCK  # chunks shared by all prompts
+DISTINCT_CHUNKS = SHARED_CHUNKS + TINY_PLAN.num_prompts * (FULL_CHUNKS - SHARED_CHUNKS)
+
+
+def assert_served_from_tier(cold: dict, warm: dict, tier_type: str) -> None:
+    """The warm phase (a new engine process) got every full chunk of its first
+    prompt from the tier, the shared prefix of later prompts from its local
+    cache and their own chunk from the tier, loaded every distinct chunk
+    without corruption, and generated exactly the cold phase's tokens."""
+    assert warm["tier_classes"][tier_type].startswith("kvstore_tiers."), warm["tier_classes"]
+    first, *rest = warm["prompts"]
+    assert first["local_hit_tokens"] == 0
+    assert first["external_hit_tokens"] == FULL_CHUNKS * BLOCK
+    assert first["tier_read_bytes"] > 0
+    for p in rest:
+        assert p["local_hit_tokens"] == SHARED_CHUNKS * BLOCK
+        assert p["external_hit_tokens"] == (FULL_CHUNKS - SHARED_CHUNKS) * BLOCK
+    counters = tier_counters(warm)
+    assert counters["objects_loaded"] == DISTINCT_CHUNKS
+    assert counters["corrupt_objects"] == 0
+    assert counters.get("load_failures", 0) == 0
+    assert outputs(warm) == outputs(cold)  # identical tokens, served vs computed

@@ -12,16 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from e2e_helpers import BLOCK, TINY_PLAN, outputs, run, tier_counters
+from e2e_helpers import DISTINCT_CHUNKS, assert_served_from_tier, run, tier_counters
 
 from tests.redis.conftest import RedisServer
 
 pytestmark = pytest.mark.engine
-
-PROMPT_TOKENS = TINY_PLAN.prefix_tokens + TINY_PLAN.suffix_tokens
-FULL_CHUNKS = PROMPT_TOKENS // BLOCK            # 5 per prompt
-SHARED_CHUNKS = TINY_PLAN.prefix_tokens // BLOCK  # 4 shared by all prompts
-DISTINCT_CHUNKS = SHARED_CHUNKS + TINY_PLAN.num_prompts * (FULL_CHUNKS - SHARED_CHUNKS)
 
 
 @pytest.fixture
@@ -43,16 +38,4 @@ def test_second_process_is_served_from_redis(
     assert len(keys) == DISTINCT_CHUNKS
 
     warm = run("redis-warm", tiny_model, tiers, tmp_path / "runs")
-    assert warm["tier_classes"]["redis"].startswith("kvstore_tiers."), warm["tier_classes"]
-    first, *rest = warm["prompts"]
-    assert first["local_hit_tokens"] == 0
-    assert first["external_hit_tokens"] == FULL_CHUNKS * BLOCK  # every full chunk from Redis
-    assert first["tier_read_bytes"] > 0
-    for p in rest:  # shared prefix from the local cache, the distinct chunk from Redis
-        assert p["local_hit_tokens"] == SHARED_CHUNKS * BLOCK
-        assert p["external_hit_tokens"] == (FULL_CHUNKS - SHARED_CHUNKS) * BLOCK
-    counters = tier_counters(warm)
-    assert counters["objects_loaded"] == DISTINCT_CHUNKS
-    assert counters["corrupt_objects"] == 0
-    assert counters.get("load_failures", 0) == 0
-    assert outputs(warm) == outputs(cold)  # identical tokens, served vs computed
+    assert_served_from_tier(cold, warm, "redis")
