@@ -9,7 +9,7 @@ exist (S3 ``DeleteObjects`` batches in :func:`s3_admin.gc`, Redis pipelined
 
 An admin store is opened *without* a namespace: it sees every namespace under
 the tier's root (fs ``root_dir``, s3 ``prefix``, redis ``key_prefix``), and
-object names are the backend-neutral ``<namespace>/<aaa>/<bb>_g<group>/<hash>.kvf``
+object names are the backend-neutral ``<namespace>/<aaa>/<hash>_g<group>.kvf``
 of :meth:`Namespace.object_name`.
 
 Safety: every operation here may run while engines use the store. Deleting an
@@ -359,24 +359,12 @@ def gc_generic(backend: Backend, *, max_age_s: float | None = None,
     objs = list(backend.iter_objects(f"{namespace}/" if namespace else ""))
     doomed = plan_gc(objs, max_age_s=max_age_s, max_bytes=max_bytes, now=now)
     if not dry_run:
+        # fs shard directories stay: the fs backend creates them once and
+        # relies on them so that stores never mkdir.
         for o in doomed:
             backend.delete(o.name)
-        if backend.name == "fs":
-            _prune_empty_dirs(Path(backend.root), {namespace_of(o.name) for o in doomed})
     return GcOutcome(len(objs), sum(o.size for o in objs), len(doomed),
                      sum(o.size for o in doomed), "generic")
-
-
-def _prune_empty_dirs(root: Path, namespaces: set[str]) -> None:
-    """Remove the hash directories gc emptied (never the namespace dir: config.json)."""
-    import os
-
-    for ns in namespaces:
-        base = root / ns
-        for dirpath, _dirs, _files in os.walk(base, topdown=False):
-            if Path(dirpath) != base:
-                with contextlib.suppress(OSError):
-                    os.rmdir(dirpath)  # fails (kept) unless empty
 
 
 def gc(tier: Mapping[str, Any], *, max_age_s: float | None = None,

@@ -79,13 +79,19 @@ class Namespace:
     def object_name(self, key: bytes) -> str:
         """Backend-neutral object name of an OffloadKey.
 
-        ``<namespace>/<hash[:3]>/<hash[3:5]>_g<group>/<hash>.kvf`` -- the
-        two hash-derived levels keep directories small on disk and spread
-        request load across S3 prefixes.
+        ``<namespace>/<hash[:3]>/<hash>_g<group>.kvf`` -- one level of 4,096
+        hash-derived shards: no directory holds more than a few thousand
+        files until billions of blocks, request load spreads over 4,096 S3
+        prefixes, and the fs backend creates the shard directories once at
+        startup, so no store ever pays for a ``mkdir``.
         """
         hash_hex = key[:-4].hex()
         group = int.from_bytes(key[-4:], "big")
-        return f"{self.name}/{hash_hex[:3]}/{hash_hex[3:5]}_g{group}/{hash_hex}.kvf"
+        return f"{self.name}/{hash_hex[:3]}/{hash_hex}_g{group}.kvf"
+
+
+#: Number of shard directories under a namespace (hash prefixes 000..fff).
+SHARDS = [f"{i:03x}" for i in range(4096)]
 
 
 def key_from_object_name(name: str) -> bytes | None:
@@ -94,7 +100,9 @@ def key_from_object_name(name: str) -> bytes | None:
     if len(parts) != 3 or not parts[2].endswith(".kvf"):
         return None
     try:
-        group = int(parts[1].split("_g", 1)[1])
-        return bytes.fromhex(parts[2][:-4]) + group.to_bytes(4, "big")
-    except (IndexError, ValueError):
+        hash_hex, group = parts[2][:-4].rsplit("_g", 1)
+        if not hash_hex.startswith(parts[1]):
+            return None
+        return bytes.fromhex(hash_hex) + int(group).to_bytes(4, "big")
+    except (IndexError, ValueError, OverflowError):
         return None

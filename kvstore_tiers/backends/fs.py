@@ -1,9 +1,11 @@
 """The fs backend: one file per block under a local or shared directory.
 
-Layout: ``<root_dir>/<namespace>/<hash[:3]>/<hash[3:5]>_g<group>/<hash>.kvf``
-plus ``<root_dir>/<namespace>/config.json`` (vLLM's FileMapper run config),
-so no directory holds more than a handful of files even with millions of
-blocks.
+Layout: ``<root_dir>/<namespace>/<hash[:3]>/<hash>_g<group>.kvf`` plus
+``<root_dir>/<namespace>/config.json`` (vLLM's FileMapper run config). The
+4,096 shard directories are created once, at the first start on a root_dir,
+so a store never pays for a ``mkdir`` (with vLLM's two-level layout a fresh
+store made two directories per block), and a directory holds ~2,500 files at
+10 million blocks.
 
 * Atomic publish: a frame is written to a unique temp file in the target
   directory and renamed into place; readers never see a torn file, and
@@ -39,6 +41,7 @@ from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.errors import ConfigError, ObjectCorrupt, ObjectMissing, TransientError
 from kvstore_tiers.frame import FrameCodec, check_header, parse_header
+from kvstore_tiers.namespace import SHARDS
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +124,7 @@ class FileSystemBackend(Backend):
                 tmp = cfg_path.with_name(f".config.json.{uuid.uuid4().hex}")
                 tmp.write_text(json.dumps(self.namespace.run_config, indent=2, sort_keys=True))
                 os.replace(tmp, cfg_path)
+            self._make_shards()
             probe = self.base / f".write_probe_{uuid.uuid4().hex}"
             probe.write_bytes(b"ok")
             probe.unlink()
@@ -136,6 +140,15 @@ class FileSystemBackend(Backend):
 
             self.capacity = CapacityController(self.base, self.config, self._on_evicted)
             self.capacity.start()
+
+    def _make_shards(self) -> None:
+        """Create the 4,096 shard directories once (a marker file says they exist)."""
+        marker = self.base / ".shards"
+        if marker.exists():
+            return
+        for shard in SHARDS:
+            (self.base / shard).mkdir(exist_ok=True)
+        marker.write_text(f"{len(SHARDS)}\n")
 
     def close(self) -> None:
         if self.capacity is not None:

@@ -151,29 +151,30 @@ class CapacityController:
         with _flock(self._evict_lock_path, blocking=wait) as got:
             if not got:
                 return 0
-            total, entries = scan(self.base)
+            # The usage lock is held from the count to the final write, so a
+            # writer's report made meanwhile waits and is added afterwards
+            # instead of being overwritten by this count (a lost update would
+            # let the store grow past its cap unnoticed). Writers only wait
+            # on I/O threads, and only while an eviction runs.
             with _flock(self._lock_path):
-                self._write_usage(total)
-            self.last_usage = total
-            target = self.low * self.max_bytes if self.max_bytes is not None else float("inf")
-            need_free = 0
-            if self.min_free is not None:
-                need_free = max(0, self.min_free - self._free_bytes())
-                if need_free:  # free the floor plus the hysteresis band
-                    need_free += int((self.high - self.low) * (self.max_bytes or self.min_free))
-            if total <= target and not need_free:
-                return 0
-            entries.sort()  # oldest first
-            removed = freed = 0
-            for _mtime, size, path in entries:
-                if total - freed <= target and freed >= need_free:
-                    break
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-                    removed += 1
-                    freed += size
-            with _flock(self._lock_path):
-                self._write_usage(self._read_usage() - freed)
+                total, entries = scan(self.base)
+                target = self.low * self.max_bytes if self.max_bytes is not None else float("inf")
+                need_free = 0
+                if self.min_free is not None:
+                    need_free = max(0, self.min_free - self._free_bytes())
+                    if need_free:  # free the floor plus the hysteresis band
+                        need_free += int((self.high - self.low) * (self.max_bytes or self.min_free))
+                removed = freed = 0
+                if total > target or need_free:
+                    entries.sort()  # oldest first
+                    for _mtime, size, path in entries:
+                        if total - freed <= target and freed >= need_free:
+                            break
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(path)
+                            removed += 1
+                            freed += size
+                self._write_usage(total - freed)
             self.last_usage = total - freed
         if removed:
             self.evicted_objects += removed

@@ -1,6 +1,6 @@
 """The s3 backend: one S3 object per block, on AWS S3 or any S3-compatible server.
 
-Layout: ``s3://<bucket>/<prefix><namespace>/<hash[:3]>/<hash[3:5]>_g<g>/<hash>.kvf``
+Layout: ``s3://<bucket>/<prefix><namespace>/<hash[:3]>/<hash>_g<g>.kvf``
 (:meth:`Namespace.object_name`), plus ``<prefix><namespace>/config.json``
 describing the namespace. The two hash-derived levels spread keys across
 S3's per-prefix request-rate partitions.
