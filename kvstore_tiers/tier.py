@@ -720,7 +720,3 @@ class KVStoreTier(SecondaryTierManager):
         except OSError as exc:
             logger.warning("kvstore tier %s: could not write stats file: %s", self.tier_type, exc)
 
-
-def keys_to_names(namespace: Namespace, keys: Collection[bytes]) -> Sequence[str]:
-    """Object names of ``keys`` in ``namespace``."""
-    return [namespace.object_name(k) for k in keys]

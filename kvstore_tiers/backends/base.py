@@ -28,7 +28,7 @@ for zero-copy paths (fs) and batches override for pipelining (redis).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -158,6 +158,33 @@ class Backend(ABC):
             except Exception as exc:
                 out.append(classify(exc))
         return out
+
+
+def encode_batch(
+    items: Sequence[StoreItem], codec: FrameCodec,
+    classify_error: Callable[[BaseException], BaseException] | None = None,
+) -> tuple[list[Any], list[tuple[int, bytearray, Buffer]]]:
+    """Encode every item's row into a frame, on the calling (pool) thread.
+
+    For batched ``store_many`` implementations. Returns ``(out, encoded)``:
+    ``out`` has one slot per item -- the classified error where encoding
+    failed, a "not attempted" TransientError placeholder elsewhere, for the
+    caller to overwrite with that item's result -- and ``encoded`` lists
+    ``(index, header, payload)`` of the items that encoded. Sets each encoded
+    item's ``stored_len``.
+    """
+    classify_error = classify_error or classify
+    out: list[Any] = [TransientError("not attempted")] * len(items)
+    encoded: list[tuple[int, bytearray, Buffer]] = []
+    for i, item in enumerate(items):
+        try:
+            header, payload = codec.encode(item.key, item.src)
+        except Exception as exc:
+            out[i] = classify_error(exc)
+            continue
+        item.stored_len = len(header) + len(payload)
+        encoded.append((i, header, payload))
+    return out, encoded
 
 
 def classify(exc: BaseException) -> BaseException:

@@ -54,7 +54,14 @@ from pydantic import Field, SecretStr, model_validator
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from kvstore_tiers.backends.base import Backend, Buffer, LoadItem, ObjectInfo, StoreItem
+from kvstore_tiers.backends.base import (
+    Backend,
+    Buffer,
+    LoadItem,
+    ObjectInfo,
+    StoreItem,
+    encode_batch,
+)
 from kvstore_tiers.config import TierConfig, validate_config
 from kvstore_tiers.errors import (
     BackendError,
@@ -615,19 +622,9 @@ class RedisBackend(Backend):
         """One pipeline of ``SET key frame NX [EX ttl]``: True written, False existed."""
         if self._fast is not None:
             return self._store_many_fast(items, codec)
-        out: list[bool | BaseException] = [TransientError("not attempted")] * len(items)
-        frames: list[tuple[str, memoryview]] = []
-        slots: list[int] = []
-        for i, item in enumerate(items):
-            try:
-                header, payload = codec.encode(item.key, item.src)
-            except Exception as exc:
-                out[i] = classify_redis(exc)
-                continue
-            frame = _join((header, payload))
-            item.stored_len = len(frame)
-            frames.append((self.key(item.name), frame))
-            slots.append(i)
+        out, encoded = encode_batch(items, codec, classify_redis)
+        frames = [(self.key(items[i].name), _join((h, p))) for i, h, p in encoded]
+        slots = [i for i, _h, _p in encoded]
         if not frames:
             return out
         set_args = self._set_args()
@@ -695,18 +692,9 @@ class RedisBackend(Backend):
     def _store_many_fast(
         self, items: Sequence[StoreItem], codec: FrameCodec
     ) -> list[bool | BaseException]:
-        out: list[bool | BaseException] = [TransientError("not attempted")] * len(items)
-        frames: list[tuple[bytes, Any, Any]] = []
-        slots: list[int] = []
-        for i, item in enumerate(items):
-            try:
-                header, payload = codec.encode(item.key, item.src)
-            except Exception as exc:
-                out[i] = classify_redis(exc)
-                continue
-            item.stored_len = len(header) + len(payload)
-            frames.append((self.key(item.name).encode(), header, payload))
-            slots.append(i)
+        out, encoded = encode_batch(items, codec, classify_redis)
+        frames = [(self.key(items[i].name).encode(), h, p) for i, h, p in encoded]
+        slots = [i for i, _h, _p in encoded]
         if not frames:
             return out
         try:

@@ -56,6 +56,7 @@ from kvstore_tiers.backends.base import (
     ObjectInfo,
     StoreItem,
     classify,
+    encode_batch,
 )
 from kvstore_tiers.backends.s3_admin import (
     MAX_SINGLE_PUT,
@@ -392,19 +393,11 @@ class S3Backend(Backend):
         self, items: Sequence[StoreItem], codec: FrameCodec
     ) -> list[bool | BaseException]:
         """Encode on this (pool) thread, then PUT the whole batch concurrently."""
-        out: list[bool | BaseException] = [False] * len(items)
-        coros: list[Coroutine[Any, Any, bool]] = []
-        slots: list[int] = []
-        for i, item in enumerate(items):
-            try:
-                header, payload = codec.encode(item.key, item.src)
-                body = self._body((header, payload))
-                item.stored_len = len(body)
-            except Exception as exc:
-                out[i] = classify(exc)
-                continue
-            coros.append(self._put(self.prefix + item.name, body))
-            slots.append(i)
+        out, encoded = encode_batch(items, codec)
+        coros: list[Coroutine[Any, Any, bool]] = [
+            self._put(self.prefix + items[i].name, self._body((h, p))) for i, h, p in encoded
+        ]
+        slots = [i for i, _h, _p in encoded]
         if coros:
             try:
                 results = self._run(self._gather(coros))

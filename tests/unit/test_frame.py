@@ -63,3 +63,18 @@ def test_other_key_other_namespace_other_length_are_corrupt() -> None:
         FrameCodec(b"M" * 16, CodecId.NONE).decode_into(KEY, frame, dest)
     with pytest.raises(ObjectCorrupt):
         FrameCodec(NS, CodecId.NONE).decode_into(KEY, frame, memoryview(bytearray(len(raw) * 2)))
+
+
+def test_encode_batch_reports_failed_items_and_encodes_the_rest() -> None:
+    """Batched stores (s3, redis) fail only the rows that could not be encoded."""
+    from kvstore_tiers.backends.base import StoreItem, encode_batch
+    from kvstore_tiers.errors import TransientError
+
+    raw = memoryview(bytes(range(256)) * 32)
+    items = [StoreItem("a", KEY, raw), StoreItem("b", KEY, None),  # type: ignore[arg-type]
+             StoreItem("c", KEY, raw)]
+    out, encoded = encode_batch(items, FrameCodec(NS, CodecId.NONE))
+    assert [i for i, _h, _p in encoded] == [0, 2]
+    assert isinstance(out[1], TransientError)
+    assert items[0].stored_len == items[2].stored_len == header_length(len(KEY), 8) + len(raw)
+    assert items[1].stored_len == 0
