@@ -131,6 +131,12 @@ class Harness:
             self.manager.complete_store(stored_keys, ctx)
         return ctx
 
+    def store_all(self, keys: Sequence[bytes], rows: np.ndarray) -> None:
+        """A request stores ``rows``; step until every job's result was consumed; finish it."""
+        ctx = self.store(keys, rows)
+        self.settle()
+        self.finish_request(ctx)
+
     def settle(self, timeout_s: float = 60.0) -> None:
         """Step until the manager has no pending work (jobs consumed)."""
         deadline = time.monotonic() + timeout_s

@@ -33,9 +33,7 @@ def populate(harness_factory: Callable[..., Any], tier: dict[str, Any], n: int =
     h = harness_factory([tier], num_chunks=n, chunk_bytes=ROW, **kw)
     keys = make_keys(n, seed=seed)
     rows = np.random.default_rng(seed).integers(0, 256, (n, ROW), dtype=np.uint8)
-    ctx = h.store(keys, rows)
-    h.settle()
-    h.finish_request(ctx)
+    h.store_all(keys, rows)
     assert h.tiers[0].counters.objects_stored == n
     return keys
 

@@ -62,9 +62,7 @@ def test_tier_metrics_in_vllm_prometheus_output(
 
     keys = make_keys(n, seed=3)
     rows = np.random.default_rng(3).integers(0, 256, (n, ROW), dtype=np.uint8)
-    ctx = h.store(keys, rows)
-    h.settle()
-    h.finish_request(ctx)
+    h.store_all(keys, rows)
     prom.observe(h.manager.get_stats().data)  # first scrape interval: the stores
 
     flip_byte(kvf_files(tmp_path / "kv")[0])

@@ -16,10 +16,6 @@ def _disk_bytes(root: Path) -> int:
     return sum(p.stat().st_blocks * 512 for p in root.rglob("*.kvf"))
 
 
-def _store(h, keys, rows) -> None:
-    ctx = h.store(keys, rows)
-    h.settle()
-    h.finish_request(ctx)
 
 
 def test_cap_holds_and_least_recently_used_go_first(harness_factory, tmp_path) -> None:
@@ -30,11 +26,11 @@ def test_cap_holds_and_least_recently_used_go_first(harness_factory, tmp_path) -
     capacity = tier.backend.capacity
     capacity.flush_bytes = 4 * (ROW + 4096)  # small batches for a small test cap
     first = make_keys(10, seed=1)
-    _store(h, first, rows_like(10, ROW))
+    h.store_all(first, rows_like(10, ROW))
     all_keys = list(first)
     for batch in range(2, 10):
         keys = make_keys(10, seed=batch)
-        _store(h, keys, rows_like(10, ROW, seed=batch))
+        h.store_all(keys, rows_like(10, ROW, seed=batch))
         all_keys += keys
         capacity.evict_now(wait=True)  # what the evictor thread does when woken
     assert _disk_bytes(tmp_path) <= cap
@@ -53,7 +49,7 @@ def _writer(root: str, seed: int, cap: int, n_batches: int) -> None:
     try:
         h.tiers[0].backend.capacity.flush_bytes = 4 * (ROW + 4096)
         for b in range(n_batches):
-            _store(h, make_keys(8, seed=seed * 1000 + b), rows_like(8, ROW, seed=b))
+            h.store_all(make_keys(8, seed=seed * 1000 + b), rows_like(8, ROW, seed=b))
     finally:
         h.shutdown()
 

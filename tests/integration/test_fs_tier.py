@@ -24,16 +24,12 @@ def _objects(root: Path) -> list[Path]:
     return sorted(root.rglob("*.kvf"))
 
 
-def _store_all(h, keys, rows) -> None:
-    ctx = h.store(keys, rows)
-    h.settle()
-    h.finish_request(ctx)
 
 
 def test_roundtrip_is_byte_exact(harness_factory, tmp_path) -> None:
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=16, chunk_bytes=ROW)
     keys, rows = make_keys(10), rows_like(10, ROW)
-    _store_all(h, keys, rows)
+    h.store_all(keys, rows)
     tier = h.tiers[0]
     assert type(tier).__name__ == "FileSystemTier"
     assert tier.counters.objects_stored == 10 and len(_objects(tmp_path)) == 10
@@ -53,7 +49,7 @@ def test_real_kv_blocks_roundtrip_with_every_codec(harness_factory, tmp_path, kv
         h = harness_factory([{"type": "fs", "root_dir": str(root), "compression": codec}],
                             num_chunks=16, chunk_bytes=row)
         keys = make_keys(len(blocks), seed=3)
-        _store_all(h, keys, blocks)
+        h.store_all(keys, blocks)
         on_disk = sum(p.stat().st_size for p in _objects(root))
         if codec == "kvsplit":
             assert on_disk < 0.75 * blocks.nbytes  # ~1.45x on real bf16 KV
@@ -67,7 +63,7 @@ def test_second_manager_hits_what_the_first_stored(harness_factory, tmp_path) ->
     """A fresh engine (new manager, empty presence index) finds blocks on disk."""
     cfg = [{"type": "fs", "root_dir": str(tmp_path)}]
     keys, rows = make_keys(6, seed=5), rows_like(6, ROW, seed=5)
-    _store_all(harness_factory(cfg, chunk_bytes=ROW), keys, rows)
+    harness_factory(cfg, chunk_bytes=ROW).store_all(keys, rows)
     h2 = harness_factory(cfg, chunk_bytes=ROW)
     ctx = h2.new_request()
     results, steps = h2.lookup_until_resolved(keys + make_keys(2, seed=99), ctx)
@@ -79,10 +75,10 @@ def test_second_manager_hits_what_the_first_stored(harness_factory, tmp_path) ->
 def test_existing_objects_are_not_rewritten(harness_factory, tmp_path) -> None:
     cfg = [{"type": "fs", "root_dir": str(tmp_path)}]
     keys, rows = make_keys(4, seed=7), rows_like(4, ROW)
-    _store_all(harness_factory(cfg, chunk_bytes=ROW), keys, rows)
+    harness_factory(cfg, chunk_bytes=ROW).store_all(keys, rows)
     mtimes = [p.stat().st_mtime_ns for p in _objects(tmp_path)]
     h2 = harness_factory(cfg, chunk_bytes=ROW)
-    _store_all(h2, keys, rows)
+    h2.store_all(keys, rows)
     assert h2.tiers[0].counters.objects_skipped == 4
     assert h2.tiers[0].counters.objects_stored == 0
     assert [p.stat().st_mtime_ns for p in _objects(tmp_path)] == mtimes
@@ -95,7 +91,7 @@ def _foreign_object(tmp_path: Path, key: bytes) -> bytes:
     other = tmp_path / "other"
     h = build_harness([{"type": "fs", "root_dir": str(other)}], chunk_bytes=ROW, model="org/other")
     try:
-        _store_all(h, [key], rows_like(1, ROW, seed=42))
+        h.store_all([key], rows_like(1, ROW, seed=42))
     finally:
         h.shutdown()
     (obj,) = _objects(other)
@@ -108,7 +104,7 @@ def test_corrupt_truncated_foreign_objects_are_misses_never_wrong_bytes(
     root = tmp_path / "kv"
     cfg = [{"type": "fs", "root_dir": str(root)}]
     keys, rows = make_keys(8, seed=11), rows_like(8, ROW, seed=11)
-    _store_all(harness_factory(cfg, chunk_bytes=ROW), keys, rows)
+    harness_factory(cfg, chunk_bytes=ROW).store_all(keys, rows)
     tier_ns = harness_factory(cfg, chunk_bytes=ROW).tiers[0].namespace
     path_of = {k: root / tier_ns.object_name(k) for k in keys}
     # 0: bit flip in the payload; 1: truncated; 2: zeroed (same length);
@@ -138,7 +134,7 @@ def test_partial_promotion_failure_keeps_the_good_keys(harness_factory, tmp_path
     cfg = [{"type": "fs", "root_dir": str(tmp_path)}]
     h = harness_factory(cfg, chunk_bytes=ROW)
     keys, rows = make_keys(6, seed=13), rows_like(6, ROW, seed=13)
-    _store_all(h, keys, rows)
+    h.store_all(keys, rows)
     h.forget_primary()
     # The presence index answers HIT at once; the files of two keys vanish
     # before the promotion runs (evicted by another engine, say).
@@ -162,13 +158,13 @@ def test_store_errors_fail_the_job_and_the_tier_stays_usable(
         def failing(fd, bufs, _code=code):
             raise OSError(_code, os.strerror(_code))
         monkeypatch.setattr(os, "writev", failing)
-        _store_all(h, make_keys(2, seed=code), rows_like(2, ROW))
+        h.store_all(make_keys(2, seed=code), rows_like(2, ROW))
         monkeypatch.setattr(os, "writev", real_writev)
     tier = h.tiers[0]
     assert tier.counters.store_failures == 6 and tier.counters.objects_stored == 0
     assert not list(tmp_path.rglob("*.tmp"))  # no temp file left behind
     keys, rows = make_keys(3, seed=1000), rows_like(3, ROW)
-    _store_all(h, keys, rows)
+    h.store_all(keys, rows)
     assert tier.counters.objects_stored == 3
     h.forget_primary()
     ctx = h.new_request()
@@ -180,7 +176,7 @@ def test_load_io_error_is_a_failed_key_not_an_exception(
 ) -> None:
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)
     keys, rows = make_keys(3, seed=17), rows_like(3, ROW)
-    _store_all(h, keys, rows)
+    h.store_all(keys, rows)
     h.forget_primary()
 
     def eio(*a, **k):
@@ -226,7 +222,7 @@ def test_reset_cache_drains_and_reports_every_job(harness_factory, tmp_path) -> 
     c = h.tiers[0].counters
     assert c.objects_stored + c.store_failures == 48  # every key accounted for
     again = make_keys(4, seed=20)
-    _store_all(h, again, rows[:4])
+    h.store_all(again, rows[:4])
     assert c.objects_stored >= 4
 
 
@@ -235,7 +231,7 @@ def test_shutdown_releases_the_primary_and_stops_threads(tmp_path) -> None:
 
     before = {t.ident for t in threading.enumerate()}
     h = build_harness([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)
-    _store_all(h, make_keys(3), rows_like(3, ROW))
+    h.store_all(make_keys(3), rows_like(3, ROW))
     mm = h.spec._scheduler_mmap.mmap_obj
     h.shutdown()
     h.tiers[0].shutdown()  # idempotent
@@ -249,7 +245,7 @@ def test_events_and_metrics(harness_factory, tmp_path) -> None:
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "enable_kv_events": True}],
                         chunk_bytes=ROW)
     keys = make_keys(3, seed=23)
-    _store_all(h, keys, rows_like(3, ROW))
+    h.store_all(keys, rows_like(3, ROW))
     tier = h.tiers[0]
     events = list(tier.take_events())
     assert [sorted(e.keys) for e in events] == [sorted(keys)]

@@ -38,9 +38,7 @@ def roundtrip() -> dict[str, Any]:
         tier = h.tiers[0]
         keys = make_keys(n, seed=7)
         rows = np.random.default_rng(7).integers(0, 256, (n, row_bytes), dtype=np.uint8)
-        ctx = h.store(keys, rows)
-        h.settle()
-        h.finish_request(ctx)
+        h.store_all(keys, rows)
         stored = len(list(tier.backend.iter_objects()))
         h.forget_primary()
         ctx2 = h.new_request()

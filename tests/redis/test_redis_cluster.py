@@ -27,10 +27,6 @@ def cluster_cfg(cluster: Any, **kw: Any) -> dict[str, Any]:
     return cfg
 
 
-def store_all(h: Any, keys: list[bytes], rows: np.ndarray) -> None:
-    ctx = h.store(keys, rows)
-    h.settle()
-    h.finish_request(ctx)
 
 
 def fetch(h: Any, keys: list[bytes]) -> tuple[list[Any], np.ndarray]:
@@ -46,7 +42,7 @@ def fetch(h: Any, keys: list[bytes]) -> tuple[list[Any], np.ndarray]:
 def test_cluster_round_trip_spreads_keys(redis_cluster, harness_factory):
     h = harness_factory([cluster_cfg(redis_cluster)], num_chunks=48, chunk_bytes=8192)
     keys, rows = make_keys(32, seed=1), random_rows(32, 8192, seed=1)
-    store_all(h, keys, rows)
+    h.store_all(keys, rows)
     assert h.tiers[0].counters.objects_stored == 32
     per_node = []
     for node in redis_cluster.nodes:
@@ -63,7 +59,7 @@ def test_cluster_round_trip_spreads_keys(redis_cluster, harness_factory):
 def test_cluster_node_down_fails_its_keys_only(redis_cluster, harness_factory):
     h = harness_factory([cluster_cfg(redis_cluster)], num_chunks=48, chunk_bytes=8192)
     keys, rows = make_keys(32, seed=2), random_rows(32, 8192, seed=2)
-    store_all(h, keys, rows)
+    h.store_all(keys, rows)
     tier = h.tiers[0]
     ns = tier.namespace
     down = redis_cluster.nodes[0]
@@ -88,6 +84,6 @@ def test_cluster_node_down_fails_its_keys_only(redis_cluster, harness_factory):
 
     # Stores keep working for the live masters.
     more, more_rows = make_keys(16, seed=3), random_rows(16, 8192, seed=3)
-    store_all(h, more, more_rows)
+    h.store_all(more, more_rows)
     c = tier.counters
     assert c.objects_stored > 32 and c.objects_stored + c.store_failures == 48

@@ -27,9 +27,7 @@ SECRET = "s3cr3t-Pa55-7f2c"
 
 def round_trip(h: Any, n: int = 4, row: int = 4096, seed: int = 1) -> None:
     keys, rows = make_keys(n, seed=seed), random_rows(n, row, seed=seed)
-    ctx = h.store(keys, rows)
-    h.settle()
-    h.finish_request(ctx)
+    h.store_all(keys, rows)
     h.forget_primary()
     ctx = h.new_request()
     results, _ = h.lookup_until_resolved(keys, ctx)

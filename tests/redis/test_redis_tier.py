@@ -32,10 +32,6 @@ def tier_cfg(server: RedisServer, **kw: Any) -> dict[str, Any]:
     return cfg
 
 
-def store_all(h: Any, keys: list[bytes], rows: np.ndarray) -> None:
-    ctx = h.store(keys, rows)
-    h.settle()
-    h.finish_request(ctx)
 
 
 def fetch(h: Any, keys: list[bytes]) -> tuple[list[Any], np.ndarray, Any]:
@@ -59,7 +55,7 @@ def test_round_trip_random_bytes(redis_server, harness_factory, compression, fas
     h = harness_factory([tier_cfg(redis_server, compression=compression, fast_io=fast_io)],
                         num_chunks=32, chunk_bytes=16384)
     keys, rows = make_keys(20), random_rows(20, 16384)
-    store_all(h, keys, rows)
+    h.store_all(keys, rows)
     tier = h.tiers[0]
     assert tier.counters.objects_stored == 20 and tier.counters.store_failures == 0
     with redis_server.client() as c:
@@ -79,7 +75,7 @@ def test_round_trip_real_kv_samples_with_kvsplit(redis_server, harness_factory, 
     n, size = blocks.shape
     h = harness_factory([tier_cfg(redis_server)], num_chunks=n + 4, chunk_bytes=size)
     keys = make_keys(n, seed=7)
-    store_all(h, keys, blocks)
+    h.store_all(keys, blocks)
     tier = h.tiers[0]
     assert tier.codec_id.name == "KVSPLIT"
     with redis_server.client() as c:
@@ -97,7 +93,7 @@ def test_second_manager_finds_blocks_and_does_not_rewrite_them(redis_server, har
     a = harness_factory([cfg], num_chunks=16, chunk_bytes=8192)
     b = harness_factory([cfg], num_chunks=16, chunk_bytes=8192)
     keys, rows = make_keys(8, seed=3), random_rows(8, 8192, seed=3)
-    store_all(a, keys, rows)
+    a.store_all(keys, rows)
 
     ctx = b.new_request()
     results, steps = b.lookup_until_resolved(keys, ctx)
@@ -109,7 +105,7 @@ def test_second_manager_finds_blocks_and_does_not_rewrite_them(redis_server, har
     with redis_server.client() as c:
         before = {k: c.get(k) for k in redis_keys(c)}
     b.forget_primary()
-    store_all(b, keys, rows)
+    b.store_all(keys, rows)
     assert b.tiers[0].counters.objects_stored == 0
     assert b.tiers[0].counters.store_failures == 0
     with redis_server.client() as c:
@@ -122,7 +118,7 @@ def test_ttl_is_set_refreshed_on_hit_and_expiry_is_a_miss(redis_server, harness_
     h = harness_factory([tier_cfg(redis_server, ttl_s=1000, fast_io=fast_io)], num_chunks=16,
                         chunk_bytes=8192)
     keys, rows = make_keys(6, seed=5), random_rows(6, 8192, seed=5)
-    store_all(h, keys, rows)
+    h.store_all(keys, rows)
     with redis_server.client() as c:
         names = redis_keys(c)
         assert all(900 < c.ttl(k) <= 1000 for k in names)
@@ -162,7 +158,7 @@ def test_eviction_under_maxmemory_allkeys_lru_is_a_miss(redis_server_factory, ha
     h = harness_factory([tier_cfg(srv, compression="none")], num_chunks=48, chunk_bytes=row)
     keys, rows = make_keys(48, seed=9), random_rows(48, row, seed=9)
     for i in range(0, 48, 8):  # 6 MiB through a 3 MiB Redis
-        store_all(h, keys[i:i + 8], rows[i:i + 8])
+        h.store_all(keys[i:i + 8], rows[i:i + 8])
     tier = h.tiers[0]
     assert tier.counters.store_failures == 0
     with srv.client() as c:
@@ -188,7 +184,7 @@ def test_oom_with_noeviction_fails_stores_not_the_engine(redis_server_factory,
     assert "noeviction" in caplog.text and "allkeys-lru" in caplog.text
     keys, rows = make_keys(40, seed=2), random_rows(40, row, seed=2)
     for i in range(0, 40, 8):
-        store_all(h, keys[i:i + 8], rows[i:i + 8])
+        h.store_all(keys[i:i + 8], rows[i:i + 8])
     tier = h.tiers[0]
     assert tier.counters.store_failures > 0  # -OOM: failed jobs
     assert tier.counters.objects_stored > 0
@@ -205,18 +201,18 @@ def test_server_crash_fails_jobs_then_recovers(redis_server, harness_factory):
                         num_chunks=32, chunk_bytes=8192)
     tier = h.tiers[0]
     keys, rows = make_keys(24, seed=4), random_rows(24, 8192, seed=4)
-    store_all(h, keys[:8], rows[:8])
+    h.store_all(keys[:8], rows[:8])
     assert tier.counters.objects_stored == 8
 
     redis_server.kill()
-    store_all(h, keys[8:16], rows[8:16])  # no exception: failed jobs
+    h.store_all(keys[8:16], rows[8:16])  # no exception: failed jobs
     assert tier.counters.store_failures == 8
     results, _, _ = fetch(h, keys[:8])  # presence says HIT; the load fails -> MISS
     assert results == [MISS] * 8
     assert tier.counters.load_failures == 8
 
     redis_server.restart()  # same port, empty (no persistence)
-    store_all(h, keys[16:], rows[16:])
+    h.store_all(keys[16:], rows[16:])
     assert tier.counters.objects_stored == 16  # the pool reconnected by itself
     results, got, _ = fetch(h, keys[16:])
     assert results == [HIT] * 8 and np.array_equal(got, rows[16:])
@@ -231,7 +227,7 @@ def test_corrupt_and_truncated_values_are_misses(redis_server, harness_factory, 
                         num_chunks=16, chunk_bytes=8192)
     tier = h.tiers[0]
     keys, rows = make_keys(4, seed=11), random_rows(4, 8192, seed=11)
-    store_all(h, keys, rows)
+    h.store_all(keys, rows)
     name = [f"kvstore:{tier.namespace.object_name(k)}" for k in keys]
     with redis_server.client() as c:
         bad = name[1]
@@ -258,7 +254,7 @@ def test_gc_by_age_and_size_and_listing(redis_server, harness_factory):
                         num_chunks=16, chunk_bytes=8192)
     tier = h.tiers[0]
     keys, rows = make_keys(10, seed=12), random_rows(10, 8192, seed=12)
-    store_all(h, keys, rows)
+    h.store_all(keys, rows)
     backend = tier.backend
     listed = list(backend.iter_objects(tier.namespace.name))
     assert len(listed) == 10 and all(o.size > 8192 for o in listed)
@@ -283,7 +279,7 @@ def test_module_level_gc_for_the_cli(redis_server, harness_factory):
     from kvstore_tiers.backends.redis import gc
 
     h = harness_factory([tier_cfg(redis_server)], num_chunks=16, chunk_bytes=8192)
-    store_all(h, make_keys(5, seed=13), random_rows(5, 8192, seed=13))
+    h.store_all(make_keys(5, seed=13), random_rows(5, 8192, seed=13))
     report = gc(tier_cfg(redis_server), max_age_s=0)
     assert (report.scanned, report.deleted) == (5, 5)
     with redis_server.client() as c:
@@ -309,7 +305,7 @@ def test_module_path_route(redis_server, harness_factory):
     h = harness_factory([{**tier_cfg(redis_server), "module_path": "kvstore_tiers.tiers"}],
                         num_chunks=8, chunk_bytes=4096)
     keys, rows = make_keys(3, seed=21), random_rows(3, 4096, seed=21)
-    store_all(h, keys, rows)
+    h.store_all(keys, rows)
     results, got, _ = fetch(h, keys)
     assert results == [HIT] * 3 and np.array_equal(got, rows)
 

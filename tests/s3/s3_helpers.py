@@ -23,11 +23,6 @@ def random_rows(n: int, row_bytes: int, seed: int = 0) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, (n, row_bytes), dtype=np.uint8)
 
 
-def store_all(h: Harness, keys: list[bytes], rows: np.ndarray) -> None:
-    """Store rows through the primary and the cascade; wait for the tier jobs."""
-    ctx = h.store(keys, rows)
-    h.settle()
-    h.finish_request(ctx)
 
 
 def fetch(h: Harness, keys: list[bytes]) -> tuple[list[Any], np.ndarray | None, Any]:
@@ -48,5 +43,5 @@ def sample_blocks(file: str = "smollm2-135m_bf16_n16.bin") -> np.ndarray:
     return next(blocks for entry, blocks in samples.load(SAMPLES) if entry["file"] == file)
 
 
-__all__ = ["HIT", "MISS", "fetch", "harness", "make_keys", "random_rows", "sample_blocks",
-           "store_all"]
+__all__ = ["HIT", "MISS", "fetch", "harness", "make_keys", "random_rows", "sample_blocks"
+           ]

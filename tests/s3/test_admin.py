@@ -7,7 +7,7 @@ from typing import Any
 
 from kvstore_tiers.backends.s3 import gc, install_lifecycle
 
-from .s3_helpers import MISS, fetch, harness, make_keys, random_rows, store_all
+from .s3_helpers import MISS, fetch, harness, make_keys, random_rows
 
 
 def test_lifecycle_rule_installed_once_and_other_rules_kept(
@@ -34,7 +34,7 @@ def test_gc_by_age_and_by_size(tier_config: Any, s3: Any, bucket: str) -> None:
     try:
         backend = h.tiers[0].backend
         old, old_rows = make_keys(6, seed=30), random_rows(6, 16384, seed=30)
-        store_all(h, old, old_rows)
+        h.store_all(old, old_rows)
         listed = list(backend.iter_objects())
         assert len(listed) == 6 and all(o.size > 16384 for o in listed)
         size = listed[0].size

@@ -18,7 +18,7 @@ import pytest
 from kvstore_tiers.health import BreakerState
 
 from .faultproxy import FaultProxy
-from .s3_helpers import HIT, MISS, fetch, harness, make_keys, random_rows, store_all
+from .s3_helpers import HIT, MISS, fetch, harness, make_keys, random_rows
 
 
 @pytest.fixture
@@ -40,7 +40,7 @@ def test_transient_errors_are_retried(tier_config: Any, proxy: FaultProxy) -> No
     try:
         keys, rows = make_keys(6, seed=10), random_rows(6, 16384, seed=10)
         proxy.error(503, "SlowDown", count=2, methods={"PUT"})
-        store_all(h, keys, rows)
+        h.store_all(keys, rows)
         tier = h.tiers[0]
         assert proxy.faults_served == 2
         assert (tier.counters.objects_stored, tier.counters.store_failures) == (6, 0)
@@ -72,7 +72,7 @@ def test_persistent_failure_opens_circuit_then_recovers(
     try:
         tier = h.tiers[0]
         keys, rows = make_keys(4, seed=11), random_rows(4, 16384, seed=11)
-        store_all(h, keys, rows)
+        h.store_all(keys, rows)
         h.forget_primary()
 
         proxy.error(503, "ServiceUnavailable")  # every request, until healed
@@ -83,7 +83,7 @@ def test_persistent_failure_opens_circuit_then_recovers(
             assert results == [MISS] * 4 and got is None
         # Stores fail too (or are dropped once the circuit is open).
         more, more_rows = make_keys(4, seed=12), random_rows(4, 16384, seed=12)
-        store_all(h, more, more_rows)
+        h.store_all(more, more_rows)
         c = tier.counters
         assert c.load_failures >= 2
         assert c.objects_stored == 4 and c.store_failures + c.stores_dropped >= 1
@@ -113,7 +113,7 @@ def test_broken_transfers_deliver_no_wrong_bytes(
     try:
         tier = h.tiers[0]
         keys, rows = make_keys(5, seed=14), random_rows(5, 16384, seed=14)
-        store_all(h, keys, rows)
+        h.store_all(keys, rows)
         h.forget_primary()
         getattr(proxy, fault)(methods={"GET"})
         results, got, ctx = fetch(h, keys)
@@ -140,10 +140,10 @@ def test_endpoint_gone_at_runtime_fails_fast_and_recovers(
     try:
         tier = h.tiers[0]
         keys, rows = make_keys(4, seed=15), random_rows(4, 16384, seed=15)
-        store_all(h, keys, rows)
+        h.store_all(keys, rows)
         proxy.reset()  # every connection is reset: the server is gone
         new, new_rows = make_keys(4, seed=16), random_rows(4, 16384, seed=16)
-        store_all(h, new, new_rows)
+        h.store_all(new, new_rows)
         assert tier.counters.store_failures == 4
         assert tier.breaker.state is BreakerState.OPEN
         # Another engine sees nothing of the lost stores once S3 is back.
@@ -158,7 +158,7 @@ def test_endpoint_gone_at_runtime_fails_fast_and_recovers(
         h.forget_primary()
         got = wait_for_hits(h, keys)
         assert np.array_equal(got, rows)
-        store_all(h, new, new_rows)
+        h.store_all(new, new_rows)
         results, got, _ = fetch(other, new)
         assert results == [HIT] * 4 and np.array_equal(got, new_rows)
     finally:

@@ -16,7 +16,6 @@ from .s3_helpers import (
     make_keys,
     random_rows,
     sample_blocks,
-    store_all,
 )
 
 
@@ -24,7 +23,7 @@ def test_random_rows_round_trip_and_layout(tier_config: Any, s3: Any, bucket: st
     h = harness(tier_config(prefix="prod/kv"))
     try:
         keys, rows = make_keys(20, seed=1), random_rows(20, 16384, seed=1)
-        store_all(h, keys, rows)
+        h.store_all(keys, rows)
         tier = h.tiers[0]
         assert tier.counters.objects_stored == 20
         # One object per block under <prefix>/<namespace>/..., plus the namespace's config.json.
@@ -55,7 +54,7 @@ def test_real_kv_blocks_round_trip_with_kvsplit(tier_config: Any) -> None:
                     num_chunks=n, chunk_bytes=row)
         try:
             tier = h.tiers[0]
-            store_all(h, keys, blocks)
+            h.store_all(keys, blocks)
             c = tier.counters
             assert c.raw_bytes_written == n * row
             stored[tier.codec_id.name.lower()] = c.stored_bytes_written
@@ -75,7 +74,7 @@ def test_missing_objects_at_load_fail_only_those_keys(tier_config: Any, s3: Any,
     h = harness(tier_config())
     try:
         keys, rows = make_keys(8, seed=3), random_rows(8, 16384, seed=3)
-        store_all(h, keys, rows)
+        h.store_all(keys, rows)
         tier = h.tiers[0]
         gone = [1, 4, 6]
         for i in gone:  # vanish behind the tier's back (expiry, gc, another admin)
@@ -100,7 +99,7 @@ def test_corrupt_and_truncated_objects_are_misses_and_removed(
     h = harness(tier_config(compression="none"))
     try:
         keys, rows = make_keys(6, seed=4), random_rows(6, 16384, seed=4)
-        store_all(h, keys, rows)
+        h.store_all(keys, rows)
         tier = h.tiers[0]
         obj = ["test/" + tier.namespace.object_name(k) for k in keys]
         body = [s3.get_object(Bucket=bucket, Key=o)["Body"].read() for o in obj]
@@ -132,7 +131,7 @@ def test_two_engines_share_one_bucket(tier_config: Any) -> None:
     other_model = harness(cfg, model="org/other-model")
     try:
         keys, rows = make_keys(12, seed=5), random_rows(12, 16384, seed=5)
-        store_all(writer, keys, rows)
+        writer.store_all(keys, rows)
         backend = reader.tiers[0].backend
         before = backend.requests["HeadObject"]
         results, got, _ = fetch(reader, keys)
@@ -145,7 +144,7 @@ def test_two_engines_share_one_bucket(tier_config: Any) -> None:
         assert results == [MISS] * 12
         # The reader storing the same blocks rewrites nothing (If-None-Match: *).
         reader.forget_primary()
-        store_all(reader, keys, rows)
+        reader.store_all(keys, rows)
         c = reader.tiers[0].counters
         assert (c.objects_stored, c.objects_skipped) == (0, 12)
     finally:
@@ -157,7 +156,7 @@ def test_module_path_route(tier_config: Any) -> None:
     h = harness(tier_config(module_path="kvstore_tiers.tiers"))
     try:
         keys, rows = make_keys(3, seed=6), random_rows(3, 16384, seed=6)
-        store_all(h, keys, rows)
+        h.store_all(keys, rows)
         h.forget_primary()
         results, got, _ = fetch(h, keys)
         assert results == [HIT] * 3 and np.array_equal(got, rows)
@@ -179,7 +178,7 @@ def test_absent_blocks_are_not_probed_again_within_negative_cache_s(tier_config:
             results, _, _ = fetch(reader, keys)
             assert results == [MISS] * 6
         assert backend.requests["HeadObject"] - before == 6
-        store_all(reader, keys[:2], rows[:2])  # this engine stores two of them
+        reader.store_all(keys[:2], rows[:2])  # this engine stores two of them
         names = [tier.namespace.object_name(k) for k in keys]
         assert backend.exists_many(names) == [True, True] + [False] * 4
         assert backend.requests["HeadObject"] - before == 8  # only the stored two re-probed

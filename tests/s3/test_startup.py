@@ -18,7 +18,7 @@ from kvstore_tiers.errors import ConfigError
 
 from .conftest import free_port, run_moto
 from .faultproxy import FaultProxy
-from .s3_helpers import HIT, fetch, harness, make_keys, random_rows, store_all
+from .s3_helpers import HIT, fetch, harness, make_keys, random_rows
 
 SECRET = "s3cr3t/Value+ThatMustNeverLeak0000000000"
 TOKEN = "SessionTokenThatMustNeverLeak/abcdef0123456789"
@@ -47,7 +47,7 @@ def test_create_bucket_on_request(tier_config: Any, s3: Any) -> None:
     try:
         s3.head_bucket(Bucket=name)
         keys, rows = make_keys(2, seed=20), random_rows(2, 16384, seed=20)
-        store_all(h, keys, rows)
+        h.store_all(keys, rows)
         assert h.tiers[0].counters.objects_stored == 2
     finally:
         h.shutdown()
@@ -100,7 +100,7 @@ def test_bad_credentials_are_named(tier_config: Any, auth_server: Any) -> None:
     h = harness({**cfg, "aws_access_key_id": key_id, "aws_secret_access_key": secret})
     try:
         keys, rows = make_keys(2, seed=21), random_rows(2, 16384, seed=21)
-        store_all(h, keys, rows)
+        h.store_all(keys, rows)
         h.forget_primary()
         results, got, _ = fetch(h, keys)
         assert results == [HIT] * 2 and np.array_equal(got, rows)
@@ -117,7 +117,7 @@ def test_secrets_never_shown(tier_config: Any, caplog: pytest.LogCaptureFixture)
     try:
         tier = h.tiers[0]
         keys, rows = make_keys(2, seed=22), random_rows(2, 16384, seed=22)
-        store_all(h, keys, rows)
+        h.store_all(keys, rows)
         shown = [repr(tier), tier.backend.describe(), repr(tier.backend.config),
                  str(tier.backend.config), caplog.text]
     finally:
@@ -142,7 +142,7 @@ def test_server_without_conditional_put(tier_config: Any, moto_endpoint: str) ->
         try:
             assert "plain PUT" in h.tiers[0].backend.describe()
             keys, rows = make_keys(3, seed=23), random_rows(3, 16384, seed=23)
-            store_all(h, keys, rows)
+            h.store_all(keys, rows)
             h.forget_primary()
             results, got, _ = fetch(h, keys)
             assert results == [HIT] * 3 and np.array_equal(got, rows)
@@ -156,7 +156,7 @@ def test_server_without_conditional_put(tier_config: Any, moto_endpoint: str) ->
             assert backend.conditional_put
             proxy.error(501, "NotImplemented", methods={"PUT"}, header="If-None-Match")
             keys, rows = make_keys(3, seed=24), random_rows(3, 16384, seed=24)
-            store_all(h, keys, rows)
+            h.store_all(keys, rows)
             assert not backend.conditional_put
             assert h.tiers[0].counters.objects_stored == 3
         finally:

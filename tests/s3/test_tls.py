@@ -17,7 +17,7 @@ import pytest
 
 from ..pki import make_pki
 from .conftest import FAKE_KEY_ID, FAKE_SECRET, free_port, moto_server_bin
-from .s3_helpers import HIT, fetch, harness, make_keys, random_rows, store_all
+from .s3_helpers import HIT, fetch, harness, make_keys, random_rows
 from .test_startup import build_error
 
 pytest.importorskip("cryptography")
@@ -86,7 +86,7 @@ def round_trip(cfg: dict[str, Any], n: int = 12, seed: int = 3) -> None:
     keys, rows = make_keys(n, seed=seed), random_rows(n, 16384, seed=seed)
     writer = harness(cfg)
     try:
-        store_all(writer, keys, rows)
+        writer.store_all(keys, rows)
         assert writer.tiers[0].counters.objects_stored == n
     finally:
         writer.shutdown()
