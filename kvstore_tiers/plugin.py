@@ -57,8 +57,11 @@ def register() -> None:
         for name in backend_names():
             if name == "fs":
                 continue
-            if isinstance(registry, dict) and name in registry:
-                if not getattr(registry[name], "_kvstore_tiers", None):
+            if isinstance(registry, dict):
+                if name not in registry:
+                    # Our own loader (marked), so a second call knows it is ours.
+                    registry[name] = _our_loader(name)
+                elif not getattr(registry[name], "_kvstore_tiers", None):
                     logger.info("kvstore_tiers: vLLM already has a tier %r; keeping vLLM's", name)
                 continue
             # ValueError: registered concurrently or by an earlier call.

@@ -77,7 +77,21 @@ def test_load_general_plugins_registers_our_types_and_is_safe_twice(
     plugins.load_general_plugins()
     registry = fresh_vllm_registry._registry
     assert {"s3", "redis", "vllm_fs", "kvstore_fs"} <= set(registry)
-    assert getattr(registry["fs"], "_kvstore_tiers", None) == "fs"
+    for name in ("fs", "s3", "redis"):
+        assert getattr(registry[name], "_kvstore_tiers", None) == name
+
+
+def test_second_register_says_nothing_misleading(fresh_vllm_registry, caplog) -> None:
+    """A second call must not claim vLLM owns the types our first call registered."""
+    import logging
+
+    from kvstore_tiers.plugin import register
+
+    register()
+    with caplog.at_level(logging.INFO, logger="kvstore_tiers"):
+        register()
+    assert not [r for r in caplog.records if "already has" in r.getMessage()]
+    assert fresh_vllm_registry._registry["redis"]().backend_cls.name == "redis"
 
 
 def test_module_path_route_without_registration(fresh_vllm_registry) -> None:
