@@ -1,18 +1,21 @@
-"""The I/O thread pool: loads before stores, per-chunk tasks, bounded queue.
+"""The I/O thread pool: loads before stores, per-chunk work, bounded queue.
 
 vLLM's stock fs pool runs a whole job on one thread, which caps a single
-request's load at one thread's bandwidth. Here a job is split into tasks of a
-few chunks each (``Backend.max_batch``), so one request's chunks move in
-parallel.
+request's load at one thread's bandwidth. Here a job of ``n`` chunks is
+queued *once* and taken apart by the threads themselves: each takes the
+next ``batch`` chunks of the job at the head of the queue, so one request's
+chunks move in parallel while the scheduler thread pays for one queue entry
+and one wake-up per job, whatever its size (vLLM calls ``submit_*`` on its
+scheduler thread; per-chunk task objects cost it microseconds per chunk).
 
 Two groups of threads share two queues: load-priority threads take loads
 first (loads sit on time-to-first-token) and stores only when no load is
 queued; store-priority threads do the reverse, so stores are never starved.
 
 The queue is bounded in chunks: :meth:`IOPool.submit` refuses a job that
-does not fit rather than blocking the scheduler thread. Tasks cancelled at
-drain or shutdown run their ``cancel()``, which records a failure for their
-chunks, so their job still completes and reports.
+does not fit rather than blocking the scheduler thread. Chunks cancelled at
+drain or shutdown go through the job's ``cancel()``, which records a failure
+for them, so their job still completes and reports.
 """
 
 from __future__ import annotations
@@ -21,49 +24,72 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from queue import SimpleQueue
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
 
 class PoolJob:
-    """Completion tracking for one vLLM job: done when all its tasks are."""
+    """``n_slots`` chunks of work, run ``batch`` at a time on any pool thread.
 
-    __slots__ = ("_lock", "_remaining", "job_id", "transfer_time")
+    Subclasses implement :meth:`run` and :meth:`cancel`, which must record
+    the outcome of every slot they are given (they are never given a slot
+    twice), and may implement :meth:`finish`, called exactly once, on the
+    thread that accounts the last slot, before the job appears in
+    :attr:`IOPool.finished`. Everything a job does there happens off the
+    scheduler thread.
+    """
 
-    def __init__(self, job_id: int) -> None:
+    __slots__ = ("_next", "_remaining", "batch", "job_id", "lock", "n_slots", "transfer_time")
+
+    def __init__(self, job_id: int, n_slots: int, batch: int = 1) -> None:
+        if n_slots < 1 or batch < 1:
+            raise ValueError("a job needs at least one slot and a batch of at least one")
         self.job_id = job_id
-        self.transfer_time = 0.0
-        self._remaining = 0
-        self._lock = threading.Lock()
+        self.n_slots = n_slots
+        self.batch = batch
+        self.transfer_time = 0.0  # summed over batches (thread-seconds)
+        self._next = 0  # first slot not yet handed out (pool lock)
+        self._remaining = n_slots  # slots not yet accounted (``lock``)
+        self.lock = threading.Lock()
 
-    def _add_tasks(self, n: int) -> None:
-        self._remaining += n
+    def run(self, ctx: Any, start: int, stop: int) -> None:
+        """Do slots ``[start, stop)`` (I/O thread); record their outcomes."""
+        raise NotImplementedError
 
-    def _task_done(self, elapsed: float) -> bool:
-        with self._lock:
+    def cancel(self, start: int, stop: int) -> None:
+        """Record slots ``[start, stop)`` as failed without running them."""
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Called once when every slot is accounted (off the scheduler thread)."""
+
+    def _account(self, n: int, elapsed: float) -> bool:
+        """Count ``n`` slots done; True for the call that accounts the last one."""
+        with self.lock:
             self.transfer_time += elapsed
-            self._remaining -= 1
+            self._remaining -= n
             return self._remaining == 0
-
-
-class IOTask(Protocol):
-    """A unit of pool work. ``run`` and ``cancel`` must record their own outcome."""
-
-    job: PoolJob
-    n_chunks: int
-
-    def run(self, ctx: Any) -> None: ...
-
-    def cancel(self) -> None: ...
 
 
 class IOPool:
     """Fixed pool of I/O threads with a load queue and a store queue.
 
     ``ctx_factory`` builds one per-thread context (codec state, aligned
-    buffers) passed to every ``task.run(ctx)`` on that thread.
+    buffers) passed to every ``job.run(ctx, start, stop)`` on that thread.
+
+    The submitting (scheduler) thread takes no lock: it appends to a deque
+    and, if a worker sleeps, puts a token on a ``SimpleQueue`` (both are
+    atomic C calls). Workers share ``_lock`` among themselves. A lock the
+    scheduler shares with twelve I/O threads would make it queue behind
+    whichever of them holds the lock *and* waits for the GIL.
+
+    No lost wake-up: a worker counts itself in ``_sleeping`` before its last
+    look at the queues, and ``submit`` looks at ``_sleeping`` after its
+    append, so one of the two sees the other. A surplus token only costs a
+    spurious wake-up.
     """
 
     def __init__(
@@ -74,16 +100,22 @@ class IOPool:
         ctx_factory: Callable[[], Any],
         name: str = "kvstore_io",
     ) -> None:
-        self._load_q: deque[IOTask] = deque()
-        self._store_q: deque[IOTask] = deque()
-        self._cond = threading.Condition(threading.Lock())
-        self._queued_chunks = 0
+        self._load_q: deque[PoolJob] = deque()
+        self._store_q: deque[PoolJob] = deque()
+        self._wake: SimpleQueue[None] = SimpleQueue()
+        self._lock = threading.Lock()  # workers (and cancel/wait_idle); never in submit
+        self._all_done = threading.Condition(self._lock)  # wait_idle waits here
+        self._sleeping = 0  # workers blocked on _wake (written under _lock)
+        # Chunk and job counts: each counter has a single writer, so the
+        # scheduler thread reads the difference without a lock.
+        self._submitted_chunks = 0  # submit (scheduler thread)
+        self._taken_chunks = 0  # workers and cancel_queued (under _lock)
+        self._submitted_jobs = 0  # submit
+        self._finished_jobs = 0  # under _lock
         self._max_queued_chunks = max_queued_chunks
-        self._inflight_jobs = 0
-        self._idle = 0  # workers waiting for a task (guarded by _cond)
         self._stop = False
         self._ctx_factory = ctx_factory
-        #: Jobs whose last task finished; appended by workers, popped by the owner.
+        #: Jobs whose last slot finished; appended by workers, popped by the owner.
         self.finished: deque[PoolJob] = deque()
         self._threads = [
             threading.Thread(
@@ -97,102 +129,116 @@ class IOPool:
 
     @property
     def queued_chunks(self) -> int:
-        return self._queued_chunks
+        return self._submitted_chunks - self._taken_chunks
 
     @property
     def num_threads(self) -> int:
         return len(self._threads)
 
-    def submit(self, tasks: Sequence[IOTask], is_load: bool) -> bool:
-        """Queue ``tasks`` (all of one job); False (nothing queued) if full or closed."""
-        if not tasks:
-            raise ValueError("a job needs at least one task")
-        job = tasks[0].job
-        if any(t.job is not job for t in tasks):
-            raise ValueError("all tasks of one submit must belong to one job")
-        n_chunks = sum(t.n_chunks for t in tasks)
-        with self._cond:
-            if self._stop or self._queued_chunks + n_chunks > self._max_queued_chunks:
-                return False
-            job._add_tasks(len(tasks))
-            self._inflight_jobs += 1
-            self._queued_chunks += n_chunks
-            (self._load_q if is_load else self._store_q).extend(tasks)
-            # Wake ONE idle thread; it wakes the next if work remains (see
-            # _worker). Each wake-up is a futex call, and this runs on vLLM's
-            # scheduler thread: chaining keeps that cost to one per submit.
-            if self._idle:
-                self._cond.notify(1)
+    def submit(self, job: PoolJob, is_load: bool) -> bool:
+        """Queue ``job``; False (nothing queued) if it does not fit or the pool is closed.
+
+        Called from one thread at a time (vLLM's scheduler thread): no lock,
+        one append and at most one wake-up token.
+        """
+        if self._stop or self.queued_chunks + job.n_slots > self._max_queued_chunks:
+            return False
+        self._submitted_jobs += 1
+        self._submitted_chunks += job.n_slots
+        (self._load_q if is_load else self._store_q).append(job)
+        # One token wakes one sleeper; it passes the wake on if work remains
+        # (see _take): one futex call here, whatever the job's size.
+        if self._sleeping:
+            self._wake.put(None)
         return True
 
     def cancel_queued(self) -> int:
-        """Cancel every queued task (their jobs report failure); returns how many."""
-        with self._cond:
-            tasks = list(self._load_q) + list(self._store_q)
-            self._load_q.clear()
-            self._store_q.clear()
-            self._queued_chunks = 0
-        for task in tasks:
+        """Cancel every chunk not yet started (their jobs report failure); returns how many."""
+        with self._lock:
+            cut = []
+            for q in (self._load_q, self._store_q):
+                while q:
+                    job = q.popleft()
+                    cut.append((job, job._next))
+                    self._taken_chunks += job.n_slots - job._next
+                    job._next = job.n_slots
+        for job, start in cut:
             try:
-                task.cancel()
+                job.cancel(start, job.n_slots)
             except Exception:  # pragma: no cover - cancel only records outcomes
-                logger.exception("cancelling an I/O task failed")
-            self._finish(task, 0.0)
-        return len(tasks)
+                logger.exception("cancelling queued I/O failed")
+            self._account(job, job.n_slots - start, 0.0)
+        return sum(job.n_slots - start for job, start in cut)
 
     def wait_idle(self, warn_after_s: float = 5.0) -> None:
         """Block until no job is in flight, warning periodically while waiting."""
         start = time.monotonic()
-        with self._cond:
-            while self._inflight_jobs:
-                if not self._cond.wait(timeout=warn_after_s):
+        with self._all_done:
+            while self._submitted_jobs != self._finished_jobs:
+                if not self._all_done.wait(timeout=warn_after_s):
                     logger.warning(
                         "kvstore tier: still waiting for %d in-flight I/O jobs after %.0fs",
-                        self._inflight_jobs, time.monotonic() - start,
+                        self._submitted_jobs - self._finished_jobs, time.monotonic() - start,
                     )
 
     def shutdown(self) -> None:
-        """Cancel queued tasks, let running ones finish, join every thread. Idempotent."""
+        """Cancel queued work, let running batches finish, join every thread. Idempotent."""
+        self._stop = True
         self.cancel_queued()
-        with self._cond:
-            self._stop = True
-            self._cond.notify_all()
+        for _ in self._threads:
+            self._wake.put(None)
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join()
 
     # -- internals ---------------------------------------------------------------
-    def _finish(self, task: IOTask, elapsed: float) -> None:
-        if task.job._task_done(elapsed):
-            with self._cond:
-                self.finished.append(task.job)
-                self._inflight_jobs -= 1
-                self._cond.notify_all()
+    def _account(self, job: PoolJob, n: int, elapsed: float) -> None:
+        if not job._account(n, elapsed):
+            return
+        try:
+            job.finish()
+        except Exception:  # pragma: no cover - finish only summarises outcomes
+            logger.exception("kvstore tier: finishing an I/O job failed")
+        self.finished.append(job)
+        with self._lock:
+            self._finished_jobs += 1
+            if self._finished_jobs == self._submitted_jobs:
+                self._all_done.notify_all()
+
+    def _take(self, load_first: bool) -> tuple[PoolJob, int, int] | None:
+        """Next batch of the job at the head of the preferred queue (None: stop)."""
+        while True:
+            with self._lock:
+                if self._stop:
+                    return None
+                q = (self._load_q or self._store_q) if load_first else (
+                    self._store_q or self._load_q)
+                if q:
+                    job = q[0]
+                    start = job._next
+                    stop = job._next = min(start + job.batch, job.n_slots)
+                    if stop == job.n_slots:
+                        q.popleft()
+                    self._taken_chunks += stop - start
+                    if self._sleeping and (self._load_q or self._store_q):
+                        self._wake.put(None)  # fan out: a sleeper takes the next batch
+                    return job, start, stop
+                self._sleeping += 1
+            # Last look after counting ourselves as sleeping (see the class doc).
+            if not (self._load_q or self._store_q or self._stop):
+                self._wake.get()
+            with self._lock:
+                self._sleeping -= 1
 
     def _worker(self, load_first: bool) -> None:
         ctx = self._ctx_factory()
-        while True:
-            with self._cond:
-                while not (self._stop or self._load_q or self._store_q):
-                    self._idle += 1
-                    try:
-                        self._cond.wait()
-                    finally:
-                        self._idle -= 1
-                if self._stop:
-                    return
-                first, second = (
-                    (self._load_q, self._store_q) if load_first else (self._store_q, self._load_q)
-                )
-                task = first.popleft() if first else second.popleft()
-                self._queued_chunks -= task.n_chunks
-                if self._idle and (self._load_q or self._store_q):
-                    self._cond.notify(1)  # fan out: the next idle thread takes the next task
-            start = time.monotonic()
+        while (work := self._take(load_first)) is not None:
+            job, start, stop = work
+            t0 = time.monotonic()
             try:
-                task.run(ctx)
+                job.run(ctx, start, stop)
             except Exception:
-                # run() records per-chunk outcomes itself; this is a bug guard.
-                logger.exception("kvstore tier: I/O task raised")
-                task.cancel()
-            self._finish(task, time.monotonic() - start)
+                # run() records per-slot outcomes itself; this is a bug guard.
+                logger.exception("kvstore tier: I/O job raised")
+                job.cancel(start, stop)
+            self._account(job, stop - start, time.monotonic() - t0)

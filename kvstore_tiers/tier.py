@@ -11,7 +11,7 @@ Threading contract (vLLM contract sections 4.0-4.16):
   tiering lock held. None of them does I/O, blocks (except ``drain_jobs``
   and ``shutdown``) or raises: each body is wrapped so an unexpected error
   becomes a failed job or a MISS and is logged.
-* Scheduler-owned state (``_jobs``, ``_storing``, ``_presence``,
+* Scheduler-owned state (``_deadlined``, ``_storing``, ``_presence``,
   ``_failed_by_req``, counters, breaker) is touched only on that thread.
   I/O threads write only per-job outcome slots of jobs they were handed and
   the rows of the primary view those jobs own; completion is handed back
@@ -59,7 +59,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -94,9 +94,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-#: Chunks per store task (at least; a backend's larger max_batch wins).
-STORE_BATCH = 4
-
 #: Directory where every tier writes a JSON snapshot of its counters at shutdown.
 STATS_DIR_ENV = "KVSTORE_TIERS_STATS_DIR"
 
@@ -104,76 +101,112 @@ STATS_DIR_ENV = "KVSTORE_TIERS_STATS_DIR"
 class _Job(PoolJob):
     """A vLLM job in flight: the keys the pool moves and their outcomes.
 
-    ``todo`` holds the indexes (into ``keys``/``chunk_ids``) sent to the pool;
-    ``outcomes[slot]`` is written by the I/O thread that owns that slot:
-    ``None`` (loaded / stored), ``False`` (store skipped, object existed) or
-    the backend error.
+    Slot ``s`` is block ``keys[s]`` in primary row ``cids[s]`` (for stores,
+    only the keys that were not already stored or in flight). The I/O thread
+    that runs a slot writes ``outcomes[s]`` (``None`` loaded, ``True``/
+    ``False`` stored/existed, or the backend error) and ``stored_bytes[s]``;
+    the thread that finishes the job condenses them into ``summary``, so the
+    scheduler thread applies a finished job with a few bulk operations.
     """
 
-    __slots__ = ("chunk_ids", "deadline", "expired", "is_load", "keys", "landed", "lock",
-                 "outcomes", "reported", "req_id", "stored_bytes", "submit_time", "todo")
+    __slots__ = ("cids", "deadline", "expired", "is_load", "keys", "landed", "outcomes",
+                 "reported", "req_id", "stored_bytes", "submit_time", "summary", "tier")
 
     def __init__(
-        self, job_id: int, *, is_load: bool, req_id: str, keys: list[bytes],
-        chunk_ids: list[int], todo: list[int], submit_time: float,
-        deadline: float | None,
+        self, tier: KVStoreTier, job_id: int, *, is_load: bool, req_id: str,
+        keys: list[bytes], cids: list[int], submit_time: float, deadline: float | None,
+        batch: int,
     ) -> None:
-        super().__init__(job_id)
+        super().__init__(job_id, len(keys), batch)
+        self.tier = tier
         self.is_load = is_load
         self.req_id = req_id
         self.keys = keys
-        self.chunk_ids = chunk_ids
-        self.todo = todo
-        self.outcomes: list[Any] = [None] * len(todo)
-        self.stored_bytes = [0] * len(todo)  # frame bytes moved, per slot
+        self.cids = cids
+        n = len(keys)
+        self.outcomes: list[Any] = [None] * n
+        self.stored_bytes = [0] * n  # frame bytes moved, per slot
         self.submit_time = submit_time
         self.deadline = deadline
         # Deadline protocol (module docstring): ``landed[slot]`` and ``expired``
         # change only under ``lock``; ``reported`` is scheduler-thread only.
-        self.lock = threading.Lock()
-        self.landed = [False] * len(todo)
+        self.landed = [False] * n if deadline is not None else []
         self.expired = False
         self.reported = False
+        self.summary: _Summary | None = None
 
+    def run(self, ctx: FrameCodec, start: int, stop: int) -> None:
+        self.tier._run_slots(self, ctx, start, stop)
 
-@dataclass(eq=False)
-class _Task:
-    """A batch of a job's chunks for one I/O thread."""
-
-    tier: KVStoreTier
-    job: _Job
-    slots: list[int]  # positions in job.todo
-
-    @property
-    def n_chunks(self) -> int:
-        return len(self.slots)
-
-    def run(self, ctx: FrameCodec) -> None:
-        self.tier._run_task(self, ctx)
-
-    def cancel(self) -> None:
+    def cancel(self, start: int, stop: int) -> None:
         err = TransientError("cancelled before it started (drain or shutdown)")
-        for s in self.slots:
-            self.job.outcomes[s] = err
+        for s in range(start, stop):
+            self.outcomes[s] = err
+
+    def finish(self) -> None:
+        self.summary = _Summary.of(self)
 
 
-@dataclass(eq=False)
-class _TouchTask:
+@dataclass(slots=True)
+class _Summary:
+    """A finished job's outcomes, condensed off the scheduler thread."""
+
+    ok: list[bytes]  # stored (written or already there) / loaded
+    bad: list[bytes]  # failed
+    written: int = 0  # stores that wrote an object
+    existed: int = 0  # stores that found the object already there
+    frame_bytes: int = 0  # frame bytes written (new objects) or read (loaded)
+    missing: int = 0  # loads: object gone
+    corrupt: int = 0  # loads: object rejected (and removed)
+    transient: int = 0  # I/O or service errors (they feed the circuit breaker)
+    first_error: BaseException | None = None
+    first_corrupt: BaseException | None = None
+
+    @classmethod
+    def of(cls, job: _Job) -> _Summary:
+        n = len(job.keys)
+        # The common case in C (this runs holding the GIL the scheduler wants).
+        if job.is_load and job.outcomes.count(None) == n:
+            return cls(list(job.keys), [], frame_bytes=sum(job.stored_bytes))
+        if not job.is_load and job.outcomes.count(True) == n:
+            return cls(list(job.keys), [], written=n, frame_bytes=sum(job.stored_bytes))
+        s = cls([], [])
+        for key, res, nbytes in zip(job.keys, job.outcomes, job.stored_bytes, strict=True):
+            if not isinstance(res, BaseException):
+                s.ok.append(key)
+                if res is False and not job.is_load:
+                    s.existed += 1
+                else:
+                    s.written += not job.is_load
+                    s.frame_bytes += nbytes
+                continue
+            s.bad.append(key)
+            if isinstance(res, ObjectMissing):
+                s.missing += 1
+            elif isinstance(res, ObjectCorrupt):
+                s.corrupt += 1
+                s.first_corrupt = s.first_corrupt or res
+            else:
+                s.transient += isinstance(res, TransientError) or job.is_load
+                s.first_error = s.first_error or res
+        return s
+
+
+class _TouchJob(PoolJob):
     """Background refresh of recency/expiry (``Backend.touch_many``); no vLLM job."""
 
-    backend: Backend
-    names: list[str]
-    job: PoolJob
+    __slots__ = ("backend", "names")
 
-    @property
-    def n_chunks(self) -> int:
-        return len(self.names)
+    def __init__(self, backend: Backend, names: list[str]) -> None:
+        super().__init__(-1, len(names), len(names))
+        self.backend = backend
+        self.names = names
 
-    def run(self, ctx: FrameCodec) -> None:
+    def run(self, ctx: FrameCodec, start: int, stop: int) -> None:
         with contextlib.suppress(Exception):  # best effort: a failed touch only ages a key
-            self.backend.touch_many(self.names)
+            self.backend.touch_many(self.names[start:stop])
 
-    def cancel(self) -> None:
+    def cancel(self, start: int, stop: int) -> None:
         return
 
 
@@ -251,7 +284,6 @@ class KVStoreTier(SecondaryTierManager):
         )
         self._warn = RateLimitedLogger(logger, interval_s=30.0)
         self._presence = PresenceIndex(config.presence_capacity)
-        self._jobs: dict[int, _Job] = {}
         #: Load jobs with a deadline still in flight (scanned by get_finished_jobs).
         self._deadlined: dict[int, _Job] = {}
         #: Load jobs reported failed at their deadline while an I/O thread still ran.
@@ -333,8 +365,8 @@ class KVStoreTier(SecondaryTierManager):
                 job = finished.popleft()
                 if not isinstance(job, _Job) or job.reported:
                     continue  # a background touch, or a job already failed at its deadline
-                self._jobs.pop(job.job_id, None)
-                self._deadlined.pop(job.job_id, None)
+                if job.deadline is not None:
+                    self._deadlined.pop(job.job_id, None)
                 job.reported = True
                 results.append(self._complete(job))
             if self._deadlined:
@@ -362,7 +394,7 @@ class KVStoreTier(SecondaryTierManager):
                 return
             names = [self.namespace.object_name(k) for k in keys if k in self._presence]
             if names:
-                self._pool.submit([_TouchTask(self.backend, names, PoolJob(-1))], is_load=False)
+                self._pool.submit(_TouchJob(self.backend, names), is_load=False)
         except Exception:
             logger.exception("kvstore tier %s: touch failed", self.tier_type)
 
@@ -449,8 +481,11 @@ class KVStoreTier(SecondaryTierManager):
             self._ready.append(JobResult(job_id=job_id, success=False))
 
     def _submit(self, tj: TransferJob, is_load: bool) -> None:
+        # Scheduler thread: keep this to bulk operations; the I/O threads
+        # split the job, name the objects and condense the outcomes.
         keys = list(tj.keys)
-        cids: list[int] = np.asarray(tj.chunk_ids).tolist()
+        cids = tj.chunk_ids
+        cids = cids.tolist() if isinstance(cids, np.ndarray) else [int(c) for c in cids]
         if len(cids) != len(keys) or (
             cids and (min(cids) < 0 or max(cids) >= self._num_chunks)
         ):
@@ -463,39 +498,36 @@ class KVStoreTier(SecondaryTierManager):
         if self._closed or not self.breaker.allow():
             self._fail_now(tj.job_id, tj, is_load)
             return
-        if is_load:
-            todo = list(range(len(keys)))
-        else:
-            todo = [
-                i for i, k in enumerate(keys) if k not in self._presence and k not in self._storing
-            ]
+        if not is_load and not (
+            self._presence.keys().isdisjoint(keys) and self._storing.isdisjoint(keys)
+        ):
+            # Skip blocks already stored or in flight.
+            presence, storing = self._presence, self._storing
+            todo = [i for i, k in enumerate(keys) if k not in presence and k not in storing]
             self.metrics.counters.objects_skipped += len(keys) - len(todo)
-            if not todo:
-                self._ready.append(JobResult(job_id=tj.job_id, success=True, transfer_time=0.0))
-                return
+            keys = [keys[i] for i in todo]
+            cids = [cids[i] for i in todo]
+        if not keys:
+            self._ready.append(JobResult(job_id=tj.job_id, success=True, transfer_time=0.0))
+            return
         timeout = self.config.load_timeout_s
+        # The job is queued once; I/O threads take it ``max_batch`` chunks at a
+        # time (one for fs, a pipeline's worth for redis/s3), so a request's
+        # chunks move in parallel at no cost to this thread.
         job = _Job(
-            tj.job_id, is_load=is_load, req_id=tj.req_context.req_id, keys=keys,
-            chunk_ids=cids, todo=todo, submit_time=tj.submit_time,
+            self, tj.job_id, is_load=is_load, req_id=tj.req_context.req_id, keys=keys,
+            cids=cids, submit_time=tj.submit_time,
             deadline=time.monotonic() + timeout if is_load and timeout else None,
+            batch=self.backend.max_batch,
         )
-        # Loads go one chunk per task (max_batch for pipelining backends) so a
-        # request's chunks move in parallel; stores are off the TTFT path, so
-        # they are batched by STORE_BATCH to cost the scheduler fewer tasks.
-        batch = max(1, self.backend.max_batch if is_load else
-                    max(self.backend.max_batch, STORE_BATCH))
-        tasks = [_Task(self, job, list(range(s, min(s + batch, len(todo)))))
-                 for s in range(0, len(todo), batch)]
         if not is_load:
-            self._storing.update(keys[i] for i in todo)
-        self._jobs[tj.job_id] = job
+            self._storing.update(keys)
         if job.deadline is not None:
             self._deadlined[tj.job_id] = job
-        if not self._pool.submit(tasks, is_load):
-            self._jobs.pop(tj.job_id, None)
+        if not self._pool.submit(job, is_load):
             self._deadlined.pop(tj.job_id, None)
             if not is_load:
-                self._storing.difference_update(keys[i] for i in todo)
+                self._storing.difference_update(keys)
             self._warn.warning(
                 "queue-full", "kvstore tier %s: I/O queue full (%d chunks); failing job",
                 self.tier_type, self._pool.queued_chunks,
@@ -507,39 +539,33 @@ class KVStoreTier(SecondaryTierManager):
         off = chunk_id * self._block_size_bytes
         return self._flat[off : off + self._block_size_bytes]
 
-    def _items(self, cls: type[Any], job: _Job, slots: Sequence[int],
-               bufs: Iterable[memoryview]) -> list[Any]:
-        """LoadItems/StoreItems of ``job``'s ``slots``, with their row buffers."""
-        name_of = self.namespace.object_name
-        keys = [job.keys[job.todo[s]] for s in slots]
-        return [cls(name_of(k), k, buf) for k, buf in zip(keys, bufs, strict=True)]
-
-    def _run_task(self, task: _Task, codec: FrameCodec) -> None:
-        """On an I/O thread: move a batch of chunks, record per-chunk outcomes."""
-        job = task.job
+    def _run_slots(self, job: _Job, codec: FrameCodec, start: int, stop: int) -> None:
+        """On an I/O thread: move slots ``[start, stop)`` of ``job``, record outcomes."""
         try:
             if job.is_load and job.deadline is not None:
-                self._run_deadlined_load(task, codec)
+                self._run_deadlined_load(job, codec, start, stop)
                 return
-            rows = [self._row(job.chunk_ids[job.todo[s]]) for s in task.slots]
+            name_of = self.namespace.object_name
+            keys = job.keys[start:stop]
+            rows = [self._row(c) for c in job.cids[start:stop]]
             if job.is_load:
-                items = self._items(LoadItem, job, task.slots, rows)
+                items = [LoadItem(name_of(k), k, r) for k, r in zip(keys, rows, strict=True)]
                 errors = self.backend.load_many(items, codec)
-                for s, item, err in zip(task.slots, items, errors, strict=True):
+                for s, item, err in zip(range(start, stop), items, errors, strict=True):
                     job.outcomes[s] = err
                     job.stored_bytes[s] = item.stored_len
                     if isinstance(err, ObjectCorrupt):
                         self._remove_corrupt(item.name)
             else:
-                sitems = self._items(StoreItem, job, task.slots, rows)
+                sitems = [StoreItem(name_of(k), k, r) for k, r in zip(keys, rows, strict=True)]
                 results = self.backend.store_many(sitems, codec)
-                for s, sitem, res in zip(task.slots, sitems, results, strict=True):
+                for s, sitem, res in zip(range(start, stop), sitems, results, strict=True):
                     job.outcomes[s] = res
                     job.stored_bytes[s] = sitem.stored_len
         except Exception as exc:
             # The batch call itself failed: no slot of it can be trusted.
             err = classify(exc)
-            for s in task.slots:
+            for s in range(start, stop):
                 job.outcomes[s] = err
 
     def _bounce(self, n_rows: int) -> mmap.mmap:
@@ -555,20 +581,20 @@ class KVStoreTier(SecondaryTierManager):
             buf = self._bounce_local.buf = mmap.mmap(-1, need)
         return buf
 
-    def _run_deadlined_load(self, task: _Task, codec: FrameCodec) -> None:
+    def _run_deadlined_load(self, job: _Job, codec: FrameCodec, start: int, stop: int) -> None:
         """I/O thread: load into a bounce buffer, then copy rows in unless expired."""
-        job = task.job
         if job.expired or time.monotonic() > (job.deadline or 0.0):
             raise TimeoutError("load deadline passed before the transfer started")
         row = self._block_size_bytes
         # Views of the scratch are not released explicitly: a codec may still
         # hold an export of them; the mmap lives as long as this thread.
-        scratch = memoryview(self._bounce(len(task.slots)))
-        items = self._items(LoadItem, job, task.slots,
-                            (scratch[i * row : (i + 1) * row] for i in range(len(task.slots))))
+        scratch = memoryview(self._bounce(stop - start))
+        name_of = self.namespace.object_name
+        items = [LoadItem(name_of(k), k, scratch[i * row : (i + 1) * row])
+                 for i, k in enumerate(job.keys[start:stop])]
         errors = self.backend.load_many(items, codec)
         late = TimeoutError("load finished after its deadline; discarded")
-        for s, item, err in zip(task.slots, items, errors, strict=True):
+        for s, item, err in zip(range(start, stop), items, errors, strict=True):
             job.stored_bytes[s] = item.stored_len
             if err is not None:
                 job.outcomes[s] = err
@@ -579,7 +605,7 @@ class KVStoreTier(SecondaryTierManager):
                 if job.expired:
                     job.outcomes[s] = late
                     continue
-                self._row(job.chunk_ids[job.todo[s]])[:] = item.dest
+                self._row(job.cids[s])[:] = item.dest
                 job.landed[s] = True
                 job.outcomes[s] = None
 
@@ -592,11 +618,10 @@ class KVStoreTier(SecondaryTierManager):
         with job.lock:
             job.expired = True
             landed = list(job.landed)
-        self._jobs.pop(job.job_id, None)
         self._deadlined.pop(job.job_id, None)
         job.reported = True
-        ok = [job.keys[job.todo[s]] for s, done in enumerate(landed) if done]
-        bad = [job.keys[job.todo[s]] for s, done in enumerate(landed) if not done]
+        ok = [k for k, done in zip(job.keys, landed, strict=True) if done]
+        bad = [k for k, done in zip(job.keys, landed, strict=True) if not done]
         c = self.metrics.counters
         c.objects_loaded += len(ok)
         c.raw_bytes_read += len(ok) * self._block_size_bytes
@@ -618,6 +643,7 @@ class KVStoreTier(SecondaryTierManager):
         return JobResult(job_id=job.job_id, success=False, successful_keys=tuple(ok) or None,
                          transfer_time=job.transfer_time)
 
+
     def _remove_corrupt(self, name: str) -> None:
         """I/O thread: delete a corrupt object so no later lookup finds it."""
         try:
@@ -629,82 +655,62 @@ class KVStoreTier(SecondaryTierManager):
             )
 
     def _complete(self, job: _Job) -> JobResult:
-        """Scheduler thread: turn a finished pool job into vLLM's JobResult."""
+        """Scheduler thread: apply a finished job's summary, return vLLM's JobResult."""
+        s = job.summary or _Summary.of(job)
         c = self.metrics.counters
-        elapsed = time.monotonic() - job.submit_time
         row = self._block_size_bytes
-        transient = 0
+        elapsed = time.monotonic() - job.submit_time
+        self.breaker.record(s.transient == 0)
         if not job.is_load:
-            stored: list[bytes] = []
-            failed = 0
-            for slot, res in enumerate(job.outcomes):
-                key = job.keys[job.todo[slot]]
-                self._storing.discard(key)
-                if isinstance(res, BaseException):
-                    failed += 1
-                    transient += isinstance(res, TransientError)
-                    self._warn.warning(
-                        "store-failed", "kvstore tier %s: store failed: %s", self.tier_type, res
-                    )
-                    continue
-                self._presence.add(key)
-                if res is False:
-                    c.objects_skipped += 1
-                else:
-                    c.objects_stored += 1
-                    c.raw_bytes_written += row
-                    c.stored_bytes_written += job.stored_bytes[slot]
-                stored.append(key)
-            c.store_failures += failed
+            self._storing.difference_update(job.keys)
+            self._presence.update(s.ok)
+            c.objects_skipped += s.existed
+            c.objects_stored += s.written
+            c.raw_bytes_written += s.written * row
+            c.stored_bytes_written += s.frame_bytes
+            c.store_failures += len(s.bad)
             self.metrics.observe("store_seconds", elapsed)
-            self.breaker.record(transient == 0)
-            if self.events is not None and stored:
+            if s.bad:
+                self._warn.warning(
+                    "store-failed", "kvstore tier %s: %d of %d stores failed: %s",
+                    self.tier_type, len(s.bad), len(job.keys), s.first_error or s.first_corrupt,
+                )
+            if self.events is not None and s.ok:
                 self.events.append(OffloadingEvent(
-                    keys=stored, medium=self.medium, removed=False, locality=self.locality,
+                    keys=s.ok, medium=self.medium, removed=False, locality=self.locality,
                 ))
             return JobResult(
-                job_id=job.job_id, success=failed == 0, transfer_time=job.transfer_time,
-                transfer_bytes=len(job.todo) * row,
+                job_id=job.job_id, success=not s.bad, transfer_time=job.transfer_time,
+                transfer_bytes=len(job.keys) * row,
             )
 
-        ok: list[bytes] = []
-        bad: list[bytes] = []
-        for slot, err in enumerate(job.outcomes):
-            key = job.keys[job.todo[slot]]
-            if err is None:
-                ok.append(key)
-                self._presence.add(key)  # known to exist: later stores skip it
-                continue
-            bad.append(key)
-            self._presence.discard(key)
-            if isinstance(err, ObjectMissing):
-                c.load_misses += 1
-            elif isinstance(err, ObjectCorrupt):
-                c.corrupt_objects += 1
-                self._warn.warning(
-                    "corrupt", "kvstore tier %s: rejected a corrupt object (%s); it was removed "
-                    "and will be recomputed", self.tier_type, err,
-                )
-            else:
-                transient += 1
-                c.load_failures += 1
-                self._warn.warning(
-                    "load-failed", "kvstore tier %s: load failed: %s", self.tier_type, err
-                )
-        c.objects_loaded += len(ok)
-        c.raw_bytes_read += len(ok) * row
-        c.stored_bytes_read += sum(
-            n for n, err in zip(job.stored_bytes, job.outcomes, strict=True) if err is None
-        )
+        self._presence.update(s.ok)  # known to exist: later stores skip them
+        c.objects_loaded += len(s.ok)
+        c.raw_bytes_read += len(s.ok) * row
+        c.stored_bytes_read += s.frame_bytes
         self.metrics.observe("load_seconds", elapsed)
-        self.breaker.record(transient == 0)
-        if bad:
-            self._failed_by_req.setdefault(job.req_id, set()).update(bad)
-            return JobResult(
-                job_id=job.job_id, success=False, successful_keys=tuple(ok) or None,
-                transfer_time=job.transfer_time,
+        if not s.bad:
+            return JobResult(job_id=job.job_id, success=True, transfer_time=job.transfer_time)
+        for key in s.bad:
+            self._presence.discard(key)
+        c.load_misses += s.missing
+        c.corrupt_objects += s.corrupt
+        c.load_failures += s.transient
+        if s.corrupt:
+            self._warn.warning(
+                "corrupt", "kvstore tier %s: rejected %d corrupt object(s) (%s); removed, "
+                "they will be recomputed", self.tier_type, s.corrupt, s.first_corrupt,
             )
-        return JobResult(job_id=job.job_id, success=True, transfer_time=job.transfer_time)
+        if s.transient:
+            self._warn.warning(
+                "load-failed", "kvstore tier %s: %d load(s) failed: %s",
+                self.tier_type, s.transient, s.first_error,
+            )
+        self._failed_by_req.setdefault(job.req_id, set()).update(s.bad)
+        return JobResult(
+            job_id=job.job_id, success=False, successful_keys=tuple(s.ok) or None,
+            transfer_time=job.transfer_time,
+        )
 
     def _write_stats_file(self) -> None:
         directory = os.environ.get(STATS_DIR_ENV)

@@ -202,7 +202,7 @@ class Driver:
         self.settle()
         m = self.h.manager
         p = m.primary_tier
-        leaked = len(m._jobs) + len(getattr(self.tier, "_jobs", {}))
+        leaked = len(m._jobs)  # every tier job is one of the manager's until reported
         reclaimable = p._get_num_free_chunks() + p._num_evictable_cache_chunks
         leaked += p._num_chunks - reclaimable
         self.score.leaks += leaked

@@ -3,33 +3,38 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from kvstore_tiers.pool import IOPool, PoolJob
 
 
-@dataclass(eq=False)
-class _Task:
-    job: PoolJob
-    label: str
-    log: list[str]
-    n_chunks: int = 1
-    gate: threading.Event | None = None
-    barrier: threading.Barrier | None = None
-    cancelled: list[str] = field(default_factory=list)
-    started: threading.Event = field(default_factory=threading.Event)
+class _Job(PoolJob):
+    """Logs the label of every slot it runs; optionally waits on a gate or barrier."""
 
-    def run(self, ctx: Any) -> None:
+    def __init__(self, job_id: int, labels: list[str], log: list[str], *, batch: int = 1,
+                 gate: threading.Event | None = None,
+                 barrier: threading.Barrier | None = None) -> None:
+        super().__init__(job_id, len(labels), batch)
+        self.labels, self.log, self.gate, self.barrier = labels, log, gate, barrier
+        self.cancelled: list[str] = []
+        self.batches: list[tuple[int, int]] = []
+        self.finished_calls = 0
+        self.started = threading.Event()
+
+    def run(self, ctx: Any, start: int, stop: int) -> None:
+        self.batches.append((start, stop))
         self.started.set()
         if self.gate is not None:
             self.gate.wait(10)
         if self.barrier is not None:
             self.barrier.wait(10)  # only passes if all parties run at once
-        self.log.append(self.label)
+        self.log.extend(self.labels[start:stop])
 
-    def cancel(self) -> None:
-        self.cancelled.append(self.label)
+    def cancel(self, start: int, stop: int) -> None:
+        self.cancelled.extend(self.labels[start:stop])
+
+    def finish(self) -> None:
+        self.finished_calls += 1
 
 
 def _drain(pool: IOPool) -> list[int]:
@@ -45,11 +50,11 @@ def test_loads_run_before_queued_stores() -> None:
     log: list[str] = []
     gate = threading.Event()
     try:
-        blocker = _Task(PoolJob(0), "blocker", log, gate=gate)
-        assert pool.submit([blocker], False)
+        blocker = _Job(0, ["blocker"], log, gate=gate)
+        assert pool.submit(blocker, False)
         assert blocker.started.wait(10)  # the only thread is now busy
-        assert pool.submit([_Task(PoolJob(1), "store", log)], is_load=False)
-        assert pool.submit([_Task(PoolJob(2), "load", log)], is_load=True)
+        assert pool.submit(_Job(1, ["store"], log), is_load=False)
+        assert pool.submit(_Job(2, ["load"], log), is_load=True)
         gate.set()
         pool.wait_idle()
         assert log == ["blocker", "load", "store"]
@@ -61,14 +66,27 @@ def test_one_jobs_chunks_move_in_parallel() -> None:
     """A single request's chunks are spread over threads (vLLM's fs pool uses one)."""
     pool = IOPool(4, 0, 100, ctx_factory=lambda: None)
     log: list[str] = []
-    job = PoolJob(7)
-    barrier = threading.Barrier(4)
+    job = _Job(7, [f"c{i}" for i in range(4)], log, barrier=threading.Barrier(4))
     try:
-        tasks = [_Task(job, f"c{i}", log, barrier=barrier) for i in range(4)]
-        assert pool.submit(tasks, is_load=True)
+        assert pool.submit(job, is_load=True)
         assert _drain(pool) == [7]  # exactly one completion for the job
         assert sorted(log) == ["c0", "c1", "c2", "c3"]
-        assert not barrier.broken
+        assert not job.barrier.broken  # type: ignore[union-attr]
+        assert job.finished_calls == 1
+    finally:
+        pool.shutdown()
+
+
+def test_batches_cover_every_slot_once() -> None:
+    pool = IOPool(3, 1, 100, ctx_factory=lambda: None)
+    log: list[str] = []
+    job = _Job(3, [str(i) for i in range(10)], log, batch=4)
+    try:
+        assert pool.submit(job, is_load=False)
+        assert _drain(pool) == [3]
+        assert sorted(job.batches) == [(0, 4), (4, 8), (8, 10)]
+        assert sorted(log, key=int) == job.labels
+        assert job.finished_calls == 1
     finally:
         pool.shutdown()
 
@@ -78,36 +96,54 @@ def test_bounded_queue_refuses_instead_of_blocking() -> None:
     gate = threading.Event()
     log: list[str] = []
     try:
-        blocker = _Task(PoolJob(0), "b", log, gate=gate)
-        assert pool.submit([blocker], True)
+        blocker = _Job(0, ["b"], log, gate=gate)
+        assert pool.submit(blocker, True)
         assert blocker.started.wait(10)
-        assert pool.submit([_Task(PoolJob(9), "probe", log)], True)
+        assert pool.submit(_Job(9, ["probe"], log), True)
         # The blocker holds the only thread; "probe" (1 chunk) is queued, so
         # 2 more chunks fit and a third does not.
-        assert pool.submit([_Task(PoolJob(1), "x", log, n_chunks=2)], True)
-        assert not pool.submit([_Task(PoolJob(2), "y", log)], True)
+        assert pool.submit(_Job(1, ["x0", "x1"], log), True)
+        assert not pool.submit(_Job(2, ["y"], log), True)
         gate.set()
         assert sorted(_drain(pool)) == [0, 1, 9]
     finally:
         pool.shutdown()
 
 
-def test_cancelled_tasks_still_complete_their_job() -> None:
+def test_cancelled_chunks_still_complete_their_job() -> None:
     pool = IOPool(1, 0, 100, ctx_factory=lambda: None)
     gate = threading.Event()
     log: list[str] = []
     try:
-        blocker = _Task(PoolJob(0), "b", log, gate=gate)
-        assert pool.submit([blocker], True)
+        blocker = _Job(0, ["b"], log, gate=gate)
+        assert pool.submit(blocker, True)
         assert blocker.started.wait(10)
-        job = PoolJob(1)
-        queued = [_Task(job, f"q{i}", log) for i in range(3)]
+        queued = _Job(1, ["q0", "q1", "q2"], log)
         assert pool.submit(queued, is_load=False)
         assert pool.cancel_queued() == 3
-        assert [t.cancelled for t in queued] == [["q0"], ["q1"], ["q2"]]
+        assert queued.cancelled == ["q0", "q1", "q2"]
         gate.set()
         assert sorted(_drain(pool)) == [0, 1]
-        assert log == ["b"]  # cancelled tasks never ran
+        assert log == ["b"]  # cancelled chunks never ran
+        assert queued.finished_calls == 1
+    finally:
+        pool.shutdown()
+
+
+def test_a_job_cut_mid_way_reports_once() -> None:
+    """Cancelling a job some of whose chunks already run: one completion, every slot once."""
+    pool = IOPool(1, 0, 100, ctx_factory=lambda: None)
+    gate = threading.Event()
+    log: list[str] = []
+    try:
+        job = _Job(5, ["a", "b", "c", "d"], log, gate=gate)
+        assert pool.submit(job, True)
+        assert job.started.wait(10)  # slot 0 runs, slots 1-3 are queued
+        assert pool.cancel_queued() == 3
+        gate.set()
+        assert _drain(pool) == [5]
+        assert log == ["a"] and job.cancelled == ["b", "c", "d"]
+        assert job.finished_calls == 1
     finally:
         pool.shutdown()
 
@@ -116,4 +152,4 @@ def test_shutdown_joins_every_thread() -> None:
     pool = IOPool(3, 2, 100, ctx_factory=lambda: None, name="kvstore_unit")
     pool.shutdown()
     assert not [t for t in threading.enumerate() if t.name.startswith("kvstore_unit")]
-    assert not pool.submit([_Task(PoolJob(1), "late", [])], True)  # refused, never hangs
+    assert not pool.submit(_Job(1, ["late"], []), True)  # refused, never hangs
