@@ -121,13 +121,23 @@ def tier_round(h: Any, rows: np.ndarray, seed: int) -> dict[str, float]:
     Store: timed from ``complete_store`` (the cascade to the tier is
     submitted) until the job's result is consumed -- the rows are written
     into the primary before the clock starts (that is the GPU worker's part).
-    Load: timed from the first lookup of a new request until every key is
-    HIT, i.e. the promotion job (Redis -> primary) completed and was consumed.
+
+    The load is done twice from the same stored keys (the primary forgets
+    them in between), alternating which goes first:
+
+    * ``get``, end to end: from the first lookup of a new request until
+      every key is HIT, i.e. the existence checks (pipelined EXISTS: this
+      benchmark turns the presence index off), the promotion job (Redis ->
+      primary) and the scheduler polling that consumes its result;
+    * ``get_transfer``: from the promotion job's ``submit_load`` until the
+      tier's I/O pool is idle -- the GETs and the frame checks into the
+      rows, the work ``redis-benchmark -t get`` measures.
     """
     from kvstore_tiers.harness import make_keys
 
     keys = make_keys(len(rows), seed=seed)
     nbytes = rows.nbytes
+    tier = h.tiers[0]
     ctx = h.new_request()
     with h.locked():
         out = h.manager.prepare_store(list(keys), ctx)
@@ -139,17 +149,54 @@ def tier_round(h: Any, rows: np.ndarray, seed: int) -> dict[str, float]:
     h.settle()
     t_store = time.perf_counter() - t0
     h.finish_request(ctx)
-    h.forget_primary()
-    ctx = h.new_request()
-    t0 = time.perf_counter()
-    results, _ = h.lookup_until_resolved(keys, ctx)
-    t_load = time.perf_counter() - t0
-    got = h.load(keys, ctx)
-    h.finish_request(ctx)
-    if not np.array_equal(got, rows):
-        raise AssertionError("tier returned different bytes")
-    return {"set": nbytes / t_store / MiB, "get": nbytes / t_load / MiB,
-            "hits": sum(r.name == "HIT" for r in results)}
+
+    def check(ctx: Any) -> int:
+        results, _ = h.lookup_until_resolved(keys, ctx)
+        got = h.load(keys, ctx)
+        h.finish_request(ctx)
+        if not np.array_equal(got, rows):
+            raise AssertionError("tier returned different bytes")
+        return sum(r.name == "HIT" for r in results)
+
+    def end_to_end() -> tuple[float, int]:
+        h.forget_primary()
+        ctx = h.new_request()
+        t0 = time.perf_counter()
+        h.lookup_until_resolved(keys, ctx)
+        t = time.perf_counter() - t0
+        return t, check(ctx)
+
+    def transfer_only() -> tuple[float, int]:
+        h.forget_primary()
+        ctx = h.new_request()
+        submitted: list[float] = []
+        submit_load = tier.submit_load
+
+        def timed_submit(job: Any) -> None:
+            submitted.append(time.perf_counter())
+            submit_load(job)
+
+        tier.submit_load = timed_submit
+        try:
+            for _ in range(10_000):
+                with h.locked():
+                    for k in keys:
+                        h.manager.lookup(k, ctx)
+                if submitted:
+                    break
+                h.step()
+                time.sleep(0.0005)
+            tier._pool.wait_idle()
+            t = time.perf_counter() - submitted[0]
+        finally:
+            del tier.submit_load
+        return t, check(ctx)
+
+    windows = (end_to_end, transfer_only) if seed % 2 else (transfer_only, end_to_end)
+    measured = {fn.__name__: fn() for fn in windows}
+    (t_e2e, hits), (t_xfer, _) = measured["end_to_end"], measured["transfer_only"]
+    return {"set": nbytes / t_store / MiB, "get": nbytes / t_e2e / MiB,
+            "get_transfer": nbytes / t_xfer / MiB, "hits": hits}
 
 
 def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
@@ -172,13 +219,22 @@ def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
         admin = redis.Redis(port=port)
         try:
             for r in range(rounds):
-                admin.flushall()
-                bench.append(redis_benchmark(port, block_bytes, blocks * 2, 2 * threads))
-                admin.flushall()
-                bench_keys.append(redis_benchmark(port, block_bytes, blocks * 2, 2 * threads,
-                                                  distinct_keys=blocks))
-                admin.flushall()
+                # Same bytes per measurement on both sides (``blocks`` values);
+                # who goes first alternates, since the machine drifts.
+                def baselines() -> None:
+                    admin.flushall()
+                    bench.append(redis_benchmark(port, block_bytes, blocks, 2 * threads))
+                    admin.flushall()
+                    bench_keys.append(redis_benchmark(port, block_bytes, blocks, 2 * threads,
+                                                      distinct_keys=blocks))
+                    admin.flushall()
+
+                if r % 2:
+                    baselines()
                 tier.append(tier_round(h, rows, seed=1000 + r))
+                admin.flushall()
+                if not r % 2:
+                    baselines()
         finally:
             h.shutdown()
             admin.close()
@@ -194,11 +250,15 @@ def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
         "redis_benchmark_keys_set_MiBps": med(bench_keys, "set"),
         "redis_benchmark_keys_get_MiBps": med(bench_keys, "get"),
         "tier_set_MiBps": med(tier, "set"), "tier_get_MiBps": med(tier, "get"),
+        "tier_get_transfer_MiBps": med(tier, "get_transfer"),
     }
     for op in ("set", "get"):
         out[f"{op}_ratio"] = out[f"tier_{op}_MiBps"] / out[f"redis_benchmark_{op}_MiBps"]
         out[f"{op}_ratio_keys"] = (out[f"tier_{op}_MiBps"]
                                    / out[f"redis_benchmark_keys_{op}_MiBps"])
+    out["get_transfer_ratio"] = out["tier_get_transfer_MiBps"] / out["redis_benchmark_get_MiBps"]
+    out["get_transfer_ratio_keys"] = (out["tier_get_transfer_MiBps"]
+                                      / out["redis_benchmark_keys_get_MiBps"])
     return out
 
 
@@ -240,7 +300,7 @@ def memory(samples_dir: Path) -> list[dict[str, Any]]:
     return results
 
 
-def run(block_bytes: int = 2 * MiB, blocks: int = 64, rounds: int = 3, threads: int = 2,
+def run(block_bytes: int = 2 * MiB, blocks: int = 128, rounds: int = 5, threads: int = 2,
         batch: int = 4, samples_dir: Path = DEFAULT_SAMPLES) -> dict[str, Any]:
     """Both benchmarks; returns ``{"bandwidth": {...}, "memory": [...]}``."""
     out: dict[str, Any] = {"bandwidth": bandwidth(block_bytes, blocks, rounds, threads, batch)}
@@ -261,6 +321,9 @@ def print_table(res: dict[str, Any]) -> None:
         print(f"{op.upper():<5}{b[f'redis_benchmark_{op}_MiBps']:>16.0f}{b[f'{op}_ratio']:>7.2f}"
               f"{b[f'redis_benchmark_keys_{op}_MiBps']:>20.0f}{b[f'{op}_ratio_keys']:>7.2f}"
               f"{b[f'tier_{op}_MiBps']:>21.0f}")
+    print(f"{'GET*':<5}{'':>16}{b['get_transfer_ratio']:>7.2f}{'':>20}"
+          f"{b['get_transfer_ratio_keys']:>7.2f}{b['tier_get_transfer_MiBps']:>21.0f}"
+          "   (* transfer only: submit_load until the I/O pool is idle)")
     if "memory" in res:
         print("\nRedis memory per block, real KV samples (bytes)")
         print(f"{'file':<28}{'raw block':>10}{'none':>10}{'kvsplit':>10}{'ratio':>7}"
@@ -276,8 +339,9 @@ def print_table(res: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--block-bytes", type=int, default=2 * MiB)
-    p.add_argument("--blocks", type=int, default=64, help="blocks per job (and primary rows)")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--blocks", type=int, default=128,
+                   help="blocks per job (and primary rows); redis-benchmark -n is the same")
+    p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--threads", type=int, default=2,
                    help="tier read threads = write threads; redis-benchmark -c is twice that")
     p.add_argument("--batch", type=int, default=4, help="pipeline_batch of the tier")

@@ -164,6 +164,10 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
             t.add_row(op.upper(), f"{b[f'tier_{op}_MiBps']:.0f}",
                       f"{b[f'redis_benchmark_keys_{op}_MiBps']:.0f}",
                       f"{b[f'{op}_ratio_keys']:.2f}")
+        if "tier_get_transfer_MiBps" in b:
+            t.add_row("GET, transfer only", f"{b['tier_get_transfer_MiBps']:.0f}",
+                      f"{b['redis_benchmark_keys_get_MiBps']:.0f}",
+                      f"{b['get_transfer_ratio_keys']:.2f}")
         console.print(t)
     if "s3" in result:
         g = result["s3"]["gbps"]
