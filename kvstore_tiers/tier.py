@@ -144,7 +144,7 @@ class _Job(PoolJob):
             self.outcomes[s] = err
 
     def finish(self) -> None:
-        self.summary = _Summary.of(self)
+        self.summary = self.tier._summarise(self)
 
 
 @dataclass(slots=True)
@@ -161,6 +161,9 @@ class _Summary:
     transient: int = 0  # I/O or service errors (they feed the circuit breaker)
     first_error: BaseException | None = None
     first_corrupt: BaseException | None = None
+    #: vLLM's records, built on the finishing I/O thread (see KVStoreTier._summarise).
+    result: JobResult | None = None
+    event: OffloadingEvent | None = None
 
     @classmethod
     def of(cls, job: _Job) -> _Summary:
@@ -654,9 +657,34 @@ class KVStoreTier(SecondaryTierManager):
                 self.tier_type, name, exc,
             )
 
+    def _summarise(self, job: _Job) -> _Summary:
+        """I/O thread: condense a finished job, with its JobResult and kv event ready.
+
+        Reads only the job and the tier's constants, never scheduler state.
+        """
+        s = _Summary.of(job)
+        if not job.is_load:
+            s.result = JobResult(
+                job_id=job.job_id, success=not s.bad, transfer_time=job.transfer_time,
+                transfer_bytes=len(job.keys) * self._block_size_bytes,
+            )
+            if self.events is not None and s.ok:
+                s.event = OffloadingEvent(
+                    keys=s.ok, medium=self.medium, removed=False, locality=self.locality,
+                )
+        elif s.bad:
+            s.result = JobResult(
+                job_id=job.job_id, success=False, successful_keys=tuple(s.ok) or None,
+                transfer_time=job.transfer_time,
+            )
+        else:
+            s.result = JobResult(job_id=job.job_id, success=True, transfer_time=job.transfer_time)
+        return s
+
     def _complete(self, job: _Job) -> JobResult:
         """Scheduler thread: apply a finished job's summary, return vLLM's JobResult."""
-        s = job.summary or _Summary.of(job)
+        s = job.summary or self._summarise(job)
+        assert s.result is not None
         c = self.metrics.counters
         row = self._block_size_bytes
         elapsed = time.monotonic() - job.submit_time
@@ -675,14 +703,9 @@ class KVStoreTier(SecondaryTierManager):
                     "store-failed", "kvstore tier %s: %d of %d stores failed: %s",
                     self.tier_type, len(s.bad), len(job.keys), s.first_error or s.first_corrupt,
                 )
-            if self.events is not None and s.ok:
-                self.events.append(OffloadingEvent(
-                    keys=s.ok, medium=self.medium, removed=False, locality=self.locality,
-                ))
-            return JobResult(
-                job_id=job.job_id, success=not s.bad, transfer_time=job.transfer_time,
-                transfer_bytes=len(job.keys) * row,
-            )
+            if s.event is not None and self.events is not None:
+                self.events.append(s.event)
+            return s.result
 
         self._presence.update(s.ok)  # known to exist: later stores skip them
         c.objects_loaded += len(s.ok)
@@ -690,7 +713,7 @@ class KVStoreTier(SecondaryTierManager):
         c.stored_bytes_read += s.frame_bytes
         self.metrics.observe("load_seconds", elapsed)
         if not s.bad:
-            return JobResult(job_id=job.job_id, success=True, transfer_time=job.transfer_time)
+            return s.result
         for key in s.bad:
             self._presence.discard(key)
         c.load_misses += s.missing
@@ -707,10 +730,7 @@ class KVStoreTier(SecondaryTierManager):
                 self.tier_type, s.transient, s.first_error,
             )
         self._failed_by_req.setdefault(job.req_id, set()).update(s.bad)
-        return JobResult(
-            job_id=job.job_id, success=False, successful_keys=tuple(s.ok) or None,
-            transfer_time=job.transfer_time,
-        )
+        return s.result
 
     def _write_stats_file(self) -> None:
         directory = os.environ.get(STATS_DIR_ENV)
