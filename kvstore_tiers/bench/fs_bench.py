@@ -298,6 +298,9 @@ def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
                     try:
                         gbps, keys = store_round(kind, root, chunk, n, n_req, seed=r)
                         per[kind]["store"].append(gbps)
+                        # Let the store's write-back finish before the load
+                        # window opens, whichever tier just wrote.
+                        os.sync()
                         gbps, steps, lsteps = load_round(kind, root, chunk, keys, n_req)
                         per[kind]["load"].append(gbps)
                         per[kind]["steps"].append(steps)
