@@ -195,7 +195,7 @@ def promote_all(h: Harness, reqs: list[tuple[Any, list[bytes]]]) -> tuple[int, i
 
 # --------------------------------------------------------- scheduler-thread time
 def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight: int,
-                   waves: int = 4) -> dict[str, dict[str, float]]:
+                   waves: int = 16) -> dict[str, dict[str, float]]:
     """p50/p99 microseconds of the tier methods vLLM calls, per call and per chunk.
 
     ``waves`` rounds of: queue ``in_flight`` chunks of stores at once (jobs of
@@ -209,6 +209,8 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
         m: [] for m in ("submit_store", "submit_load", "lookup", "get_finished_jobs")}
     originals = {m: getattr(tier, m) for m in samples}
 
+    job_chunks_by_id: dict[int, int] = {}
+
     def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(*a: Any) -> Any:
@@ -217,9 +219,13 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
             if name == "get_finished_jobs":
                 out = list(out)
             dt = time.perf_counter() - t0
-            chunks = len(a[0].keys) if name.startswith("submit") else 1
-            if name == "get_finished_jobs":
-                chunks = max(1, len(out))
+            # Per chunk: a submit's keys; a poll's chunks are those of the jobs
+            # it reported (vLLM may send 1-chunk jobs to one tier, 16 to another).
+            chunks = 1
+            if name.startswith("submit"):
+                chunks = job_chunks_by_id[a[0].job_id] = len(a[0].keys)
+            elif name == "get_finished_jobs":
+                chunks = max(1, sum(job_chunks_by_id.get(r.job_id, 1) for r in out))
             samples[name].append((dt, chunks))
             return out
         return wrapper

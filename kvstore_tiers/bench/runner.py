@@ -140,14 +140,17 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
                       f"{r.get('kvstore_lookup_steps', '?')}/{r.get('vllm_lookup_steps', '?')}",
                       f"{r.get('kvstore_steps_to_hit', '?')}/{r.get('vllm_steps_to_hit', '?')}")
         console.print(t)
-        s = Table(title="scheduler-thread time per call, microseconds "
-                  "(16-chunk jobs of 256 KiB)")
-        for col in ("method", "ours p50", "vLLM p50", "ours p99", "vLLM p99"):
+        s = Table(title="scheduler-thread time, microseconds (our jobs: 16 chunks of 256 KiB; "
+                  "calls, then per chunk moved)")
+        for col in ("method", "ours p50", "vLLM p50", "ours p99", "vLLM p99",
+                    "ours p99/chunk", "vLLM p99/chunk"):
             s.add_column(col, justify="right")
         ours, stock = fs["scheduler"].get("kvstore", {}), fs["scheduler"].get("vllm", {})
         for m in ours:
-            s.add_row(m, f"{ours[m]['p50_us']:.1f}", f"{stock.get(m, {}).get('p50_us', 0):.1f}",
-                      f"{ours[m]['p99_us']:.1f}", f"{stock.get(m, {}).get('p99_us', 0):.1f}")
+            st = stock.get(m, {})
+            s.add_row(m, f"{ours[m]['p50_us']:.1f}", f"{st.get('p50_us', 0):.1f}",
+                      f"{ours[m]['p99_us']:.1f}", f"{st.get('p99_us', 0):.1f}",
+                      f"{ours[m]['p99_us_per_chunk']:.1f}", f"{st.get('p99_us_per_chunk', 0):.1f}")
         console.print(s)
         if fs.get("compression"):
             c = Table(title="codecs on real bf16 KV (our fs tier; effective = raw KV GB/s)")
