@@ -31,8 +31,12 @@ class TierConfig(BaseModel):
         description="Payload codec. auto: none for local backends, kvsplit for remote "
         "ones when the KV dtype is 2 bytes wide (zstd otherwise).",
     )
-    n_read_threads: int = Field(8, ge=1, le=256, description="Load-priority I/O threads.")
-    n_write_threads: int = Field(4, ge=1, le=256, description="Store-priority I/O threads.")
+    n_read_threads: int = Field(
+        8, ge=1, le=256, description="Load I/O threads (they take only loads, so a load "
+        "never waits behind stores).")
+    n_write_threads: int = Field(
+        4, ge=1, le=256, description="Store I/O threads (stores first, loads when no store "
+        "is queued); stores go at most this wide.")
     max_queued_chunks: int = Field(
         65536, ge=1,
         description="Bound on chunks queued in the I/O pool; a job that does not fit fails.",

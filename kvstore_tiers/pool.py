@@ -74,20 +74,39 @@ class PoolJob:
             return self._remaining == 0
 
 
+class _Group:
+    """Workers that serve the same queues, in the same order, and sleep on one wake queue."""
+
+    __slots__ = ("queues", "sleeping", "wake")
+
+    def __init__(self, queues: tuple[deque[PoolJob], ...]) -> None:
+        self.queues = queues
+        self.sleeping = 0  # workers blocked on ``wake`` (written under the pool lock)
+        self.wake: SimpleQueue[None] = SimpleQueue()
+
+
 class IOPool:
     """Fixed pool of I/O threads with a load queue and a store queue.
 
     ``ctx_factory`` builds one per-thread context (codec state, aligned
     buffers) passed to every ``job.run(ctx, start, stop)`` on that thread.
 
-    The submitting (scheduler) thread takes no lock: it appends to a deque
-    and, if a worker sleeps, puts a token on a ``SimpleQueue`` (both are
-    atomic C calls). Workers share ``_lock`` among themselves. A lock the
-    scheduler shares with twelve I/O threads would make it queue behind
-    whichever of them holds the lock *and* waits for the GIL.
+    Load threads take only loads; store threads take stores first and loads
+    when no store is queued. So a load never waits behind stores occupying
+    every thread (a 2 MiB O_DIRECT write takes milliseconds), and stores go
+    at most ``n_store_threads`` wide, which on a disk is as fast as going
+    wider (more concurrent large writes only queue in the device). A pool
+    without store threads lets its load threads take stores too.
 
-    No lost wake-up: a worker counts itself in ``_sleeping`` before its last
-    look at the queues, and ``submit`` looks at ``_sleeping`` after its
+    The submitting (scheduler) thread takes no lock: it appends to a deque
+    and, if a worker that serves that queue sleeps, puts a token on that
+    group's ``SimpleQueue`` (both are atomic C calls). Workers share
+    ``_lock`` among themselves. A lock the scheduler shared with twelve I/O
+    threads would make it queue behind whichever of them holds the lock
+    *and* waits for the GIL.
+
+    No lost wake-up: a worker counts itself as sleeping before its last look
+    at its queues, and ``submit`` looks at the sleeping counts after its
     append, so one of the two sees the other. A surplus token only costs a
     spurious wake-up.
     """
@@ -102,10 +121,16 @@ class IOPool:
     ) -> None:
         self._load_q: deque[PoolJob] = deque()
         self._store_q: deque[PoolJob] = deque()
-        self._wake: SimpleQueue[None] = SimpleQueue()
+        loaders_store = n_store_threads == 0
+        self._loaders = _Group((self._load_q, self._store_q) if loaders_store
+                               else (self._load_q,))
+        self._storers = _Group((self._store_q, self._load_q))
+        #: Who may serve each queue, in the order a wake-up prefers them.
+        self._load_servers = (self._loaders, self._storers)
+        self._store_servers = (self._storers, self._loaders) if loaders_store \
+            else (self._storers,)
         self._lock = threading.Lock()  # workers (and cancel/wait_idle); never in submit
         self._all_done = threading.Condition(self._lock)  # wait_idle waits here
-        self._sleeping = 0  # workers blocked on _wake (written under _lock)
         # Chunk and job counts: each counter has a single writer, so the
         # scheduler thread reads the difference without a lock.
         self._submitted_chunks = 0  # submit (scheduler thread)
@@ -119,9 +144,10 @@ class IOPool:
         self.finished: deque[PoolJob] = deque()
         self._threads = [
             threading.Thread(
-                target=self._worker, args=(load_first,), name=f"{name}_{kind}{i}", daemon=True
+                target=self._worker, args=(group,), name=f"{name}_{kind}{i}", daemon=True
             )
-            for kind, load_first, n in (("l", True, n_load_threads), ("s", False, n_store_threads))
+            for kind, group, n in (("l", self._loaders, n_load_threads),
+                                   ("s", self._storers, n_store_threads))
             for i in range(n)
         ]
         for t in self._threads:
@@ -145,12 +171,22 @@ class IOPool:
             return False
         self._submitted_jobs += 1
         self._submitted_chunks += job.n_slots
-        (self._load_q if is_load else self._store_q).append(job)
-        # One token wakes one sleeper; it passes the wake on if work remains
-        # (see _take): one futex call here, whatever the job's size.
-        if self._sleeping:
-            self._wake.put(None)
+        if is_load:
+            self._load_q.append(job)
+            self._wake_one(self._load_servers)
+        else:
+            self._store_q.append(job)
+            self._wake_one(self._store_servers)
         return True
+
+    @staticmethod
+    def _wake_one(groups: tuple[_Group, ...]) -> None:
+        # One token wakes one sleeper; it passes the wake on if work remains
+        # (see _take): one futex call per submit, whatever the job's size.
+        for group in groups:
+            if group.sleeping:
+                group.wake.put(None)
+                return
 
     def cancel_queued(self) -> int:
         """Cancel every chunk not yet started (their jobs report failure); returns how many."""
@@ -185,8 +221,9 @@ class IOPool:
         """Cancel queued work, let running batches finish, join every thread. Idempotent."""
         self._stop = True
         self.cancel_queued()
-        for _ in self._threads:
-            self._wake.put(None)
+        for group in (self._loaders, self._storers):
+            for _ in self._threads:
+                group.wake.put(None)
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join()
@@ -205,34 +242,36 @@ class IOPool:
             if self._finished_jobs == self._submitted_jobs:
                 self._all_done.notify_all()
 
-    def _take(self, load_first: bool) -> tuple[PoolJob, int, int] | None:
-        """Next batch of the job at the head of the preferred queue (None: stop)."""
+    def _take(self, group: _Group) -> tuple[PoolJob, int, int] | None:
+        """Next batch of the job at the head of the group's first non-empty queue (None: stop)."""
         while True:
             with self._lock:
                 if self._stop:
                     return None
-                q = (self._load_q or self._store_q) if load_first else (
-                    self._store_q or self._load_q)
-                if q:
-                    job = q[0]
-                    start = job._next
-                    stop = job._next = min(start + job.batch, job.n_slots)
-                    if stop == job.n_slots:
-                        q.popleft()
-                    self._taken_chunks += stop - start
-                    if self._sleeping and (self._load_q or self._store_q):
-                        self._wake.put(None)  # fan out: a sleeper takes the next batch
-                    return job, start, stop
-                self._sleeping += 1
+                for q in group.queues:
+                    if q:
+                        job = q[0]
+                        start = job._next
+                        stop = job._next = min(start + job.batch, job.n_slots)
+                        if stop == job.n_slots:
+                            q.popleft()
+                        self._taken_chunks += stop - start
+                        # Fan out: a sleeper takes the next batch.
+                        if self._load_q:
+                            self._wake_one(self._load_servers)
+                        elif self._store_q:
+                            self._wake_one(self._store_servers)
+                        return job, start, stop
+                group.sleeping += 1
             # Last look after counting ourselves as sleeping (see the class doc).
-            if not (self._load_q or self._store_q or self._stop):
-                self._wake.get()
+            if not (self._stop or any(group.queues)):
+                group.wake.get()
             with self._lock:
-                self._sleeping -= 1
+                group.sleeping -= 1
 
-    def _worker(self, load_first: bool) -> None:
+    def _worker(self, group: _Group) -> None:
         ctx = self._ctx_factory()
-        while (work := self._take(load_first)) is not None:
+        while (work := self._take(group)) is not None:
             job, start, stop = work
             t0 = time.monotonic()
             try:

@@ -153,3 +153,25 @@ def test_shutdown_joins_every_thread() -> None:
     pool.shutdown()
     assert not [t for t in threading.enumerate() if t.name.startswith("kvstore_unit")]
     assert not pool.submit(_Job(1, ["late"], []), True)  # refused, never hangs
+
+
+def test_load_threads_leave_stores_to_store_threads() -> None:
+    """A queued store waits for a store thread; a load thread stays free for loads."""
+    pool = IOPool(1, 1, 100, ctx_factory=lambda: None)
+    gate = threading.Event()
+    log: list[str] = []
+    try:
+        blocker = _Job(0, ["store-blocker"], log, gate=gate)
+        assert pool.submit(blocker, is_load=False)
+        assert blocker.started.wait(10)  # the store thread is busy
+        queued = _Job(1, ["store-queued"], log)
+        assert pool.submit(queued, is_load=False)
+        load = _Job(2, ["load"], log)
+        assert pool.submit(load, is_load=True)
+        assert load.started.wait(10)  # served at once by the load thread
+        assert not queued.started.is_set()  # ... which did not take the store
+        gate.set()
+        assert sorted(_drain(pool)) == [0, 1, 2]
+        assert log.index("load") < log.index("store-queued")
+    finally:
+        pool.shutdown()
