@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from ..redis.conftest import redis_server_factory  # noqa: F401  (fixture)
-from ..s3.conftest import _fake_aws_env, moto_endpoint  # noqa: F401  (fixtures)
+from ..s3.conftest import _fake_aws_env, moto_endpoint, proxy  # noqa: F401  (fixtures)
 from .common import SCORES
 
 

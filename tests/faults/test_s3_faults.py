@@ -12,25 +12,17 @@ import pytest
 from kvstore_tiers.harness import make_keys
 from kvstore_tiers.health import BreakerState
 
-from ..s3.conftest import FAKE_KEY_ID, FAKE_SECRET, run_moto, s3_client
+from ..s3.conftest import run_moto, s3_client, tier_config_factory
 from ..s3.faultproxy import FaultProxy
 from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix
 
 BACKEND = "s3"
 
 
-@pytest.fixture
-def proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
-    p = FaultProxy(moto_endpoint)
-    yield p
-    p.close()
-
-
 def _cfg(proxy: FaultProxy, bucket: str, **kw: Any) -> dict[str, Any]:
-    return {"type": "s3", "bucket": bucket, "prefix": "f/", "endpoint_url": proxy.url,
-            "aws_access_key_id": FAKE_KEY_ID, "aws_secret_access_key": FAKE_SECRET,
-            "create_bucket": True, "max_attempts": 1, "connect_timeout_s": 0.5,
-            "read_timeout_s": 1.0, "failure_threshold": 1000, **kw}
+    make = tier_config_factory(bucket, proxy.url, "f/", connect_timeout_s=0.5)
+    return make(**{"create_bucket": True, "max_attempts": 1, "read_timeout_s": 1.0,
+                   "failure_threshold": 1000, **kw})
 
 
 @pytest.fixture

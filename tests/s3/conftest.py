@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -44,22 +45,33 @@ def moto_server_bin() -> str:
 
 
 @contextlib.contextmanager
-def run_moto(env: dict[str, str] | None = None) -> Iterator[str]:
-    """Start moto_server on a free port; yield its URL; stop it by PID."""
+def run_moto(env: dict[str, str] | None = None, *,
+             tls: tuple[str, str, str] | None = None) -> Iterator[str]:
+    """Start moto_server on a free port; yield its URL; stop it by PID.
+
+    ``tls=(cert, key, ca)``: serve https with that certificate (the start-up
+    probe trusts ``ca``).
+    """
     port = free_port()
+    args = [moto_server_bin(), "-H", "127.0.0.1", "-p", str(port)]
+    ctx = None
+    if tls is not None:
+        cert, key, ca = tls
+        args += ["-c", cert, "-k", key]
+        ctx = ssl.create_default_context(cafile=ca)
     proc = subprocess.Popen(
-        [moto_server_bin(), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, **(env or {})},
     )
-    url = f"http://127.0.0.1:{port}"
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
         while True:
             if proc.poll() is not None:
                 raise RuntimeError(f"moto_server exited with {proc.returncode}")
             try:
-                urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=1).read()
+                urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=1,
+                                       context=ctx).read()
                 break
             except OSError:
                 if time.monotonic() > deadline:
@@ -92,11 +104,25 @@ def _fake_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
 
 
-def s3_client(endpoint: str) -> Any:
+def s3_client(endpoint: str, verify: str | None = None) -> Any:
     import boto3
 
-    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", verify=verify,
                         aws_access_key_id=FAKE_KEY_ID, aws_secret_access_key=FAKE_SECRET)
+
+
+def tier_config_factory(bucket: str, endpoint: str, prefix: str,
+                        connect_timeout_s: float) -> Callable[..., dict[str, Any]]:
+    """``make(**overrides)``: an s3 tier dict for ``bucket`` on ``endpoint``."""
+
+    def make(**overrides: Any) -> dict[str, Any]:
+        return {
+            "type": "s3", "bucket": bucket, "prefix": prefix, "endpoint_url": endpoint,
+            "aws_access_key_id": FAKE_KEY_ID, "aws_secret_access_key": FAKE_SECRET,
+            "connect_timeout_s": connect_timeout_s, "read_timeout_s": 5.0, **overrides,
+        }
+
+    return make
 
 
 @pytest.fixture
@@ -116,14 +142,14 @@ def bucket(s3: Any) -> str:
 @pytest.fixture
 def tier_config(moto_endpoint: str, bucket: str) -> Callable[..., dict[str, Any]]:
     """``tier_config(**overrides)``: an s3 tier dict for this test's bucket."""
+    return tier_config_factory(bucket, moto_endpoint, "test/", connect_timeout_s=1.0)
 
-    def make(**overrides: Any) -> dict[str, Any]:
-        cfg: dict[str, Any] = {
-            "type": "s3", "bucket": bucket, "prefix": "test/", "endpoint_url": moto_endpoint,
-            "aws_access_key_id": FAKE_KEY_ID, "aws_secret_access_key": FAKE_SECRET,
-            "connect_timeout_s": 1.0, "read_timeout_s": 5.0,
-        }
-        cfg.update(overrides)
-        return cfg
 
-    return make
+@pytest.fixture
+def proxy(moto_endpoint: str) -> Iterator[Any]:
+    """A loopback fault proxy in front of the moto server (tests/s3/faultproxy.py)."""
+    from .faultproxy import FaultProxy
+
+    p = FaultProxy(moto_endpoint)
+    yield p
+    p.close()

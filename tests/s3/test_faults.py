@@ -9,7 +9,6 @@ the tier recovers by itself when the endpoint heals.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,13 +18,6 @@ from kvstore_tiers.health import BreakerState
 
 from .faultproxy import FaultProxy
 from .s3_helpers import HIT, MISS, fetch, harness, make_keys, random_rows
-
-
-@pytest.fixture
-def proxy(moto_endpoint: str) -> Iterator[FaultProxy]:
-    p = FaultProxy(moto_endpoint)
-    yield p
-    p.close()
 
 
 def fast_fail(tier_config: Any, proxy: FaultProxy, **kw: Any) -> dict[str, Any]:

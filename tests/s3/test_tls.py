@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 import logging
-import ssl
-import subprocess
-import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +12,7 @@ import numpy as np
 import pytest
 
 from ..pki import make_pki
-from .conftest import FAKE_KEY_ID, FAKE_SECRET, free_port, moto_server_bin
+from .conftest import run_moto, s3_client, tier_config_factory
 from .s3_helpers import HIT, fetch, harness, make_keys, random_rows
 from .test_startup import build_error
 
@@ -26,59 +22,17 @@ pytest.importorskip("cryptography")
 @pytest.fixture(scope="module")
 def https_moto(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(https endpoint, CA bundle path) of a moto_server with a certificate of our CA."""
-
     pki = make_pki(Path(tmp_path_factory.mktemp("s3-pki")))
-    port = free_port()
-    proc = subprocess.Popen(
-        [moto_server_bin(), "-H", "127.0.0.1", "-p", str(port),
-         "-c", pki["server_cert"], "-k", pki["server_key"]],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-    url = f"https://127.0.0.1:{port}"
-    ctx = ssl.create_default_context(cafile=pki["ca"])
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {proc.returncode}")
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=1,
-                                       context=ctx).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("https moto_server did not answer within 30s") from None
-                time.sleep(0.1)  # polling for server start-up, not a test condition
+    with run_moto(tls=(pki["server_cert"], pki["server_key"], pki["ca"])) as url:
         yield url, pki["ca"]
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture
 def tls_config(https_moto: tuple[str, str]) -> Any:
     url, ca = https_moto
-    import boto3
-
     bucket = f"kvt-tls-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=url, region_name="us-east-1", verify=ca,
-                 aws_access_key_id=FAKE_KEY_ID,
-                 aws_secret_access_key=FAKE_SECRET).create_bucket(Bucket=bucket)
-
-    def make(**overrides: Any) -> dict[str, Any]:
-        cfg: dict[str, Any] = {
-            "type": "s3", "bucket": bucket, "prefix": "tls/", "endpoint_url": url,
-            "aws_access_key_id": FAKE_KEY_ID, "aws_secret_access_key": FAKE_SECRET,
-            "connect_timeout_s": 2.0, "read_timeout_s": 5.0,
-        }
-        cfg.update(overrides)
-        return cfg
-
-    return make
+    s3_client(url, verify=ca).create_bucket(Bucket=bucket)
+    return tier_config_factory(bucket, url, "tls/", connect_timeout_s=2.0)
 
 
 def round_trip(cfg: dict[str, Any], n: int = 12, seed: int = 3) -> None:
