@@ -196,6 +196,28 @@ class Driver:
         self.call(self.h.finish_request, ctx)
         return list(results)
 
+    def reuse_expired_rows(self, seed: int, release: Callable[[], None]) -> list[bytes]:
+        """After a load job failed at its deadline with I/O threads still stuck in the
+        backend: 4 other blocks take the rows it freed, then ``release`` lets the stuck
+        threads return, and once every I/O job is over the new blocks must still be
+        byte-exact in the primary (the late threads discarded what they read).
+        Returns the 4 new keys.
+        """
+        from kvstore_tiers.harness import make_keys
+
+        others = make_keys(4, seed=seed)
+        other_rows = rows_for(others, self.row_bytes)
+        for k, r in zip(others, other_rows, strict=True):
+            self.expected[k] = r.tobytes()
+        ctx = self.call(self.h.new_request)
+        self.call(self.h.store, others, other_rows, ctx)
+        release()
+        self.tier._pool.wait_idle()  # the stuck threads are done, late writes included
+        self.settle()
+        self.call(self.h.finish_request, ctx)
+        assert self.fetch(others) == [HIT] * 4  # from the primary, byte-exact
+        return others
+
     # -- leak accounting -----------------------------------------------------------------
     def check_settled(self) -> int:
         """Count pinned/write-pending primary slots and jobs left; add them to ``leaks``."""

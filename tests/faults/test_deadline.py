@@ -43,21 +43,10 @@ def test_stalled_load_fails_at_deadline_and_never_writes_late(tmp_path: Path) ->
         assert d.tier.load_timeouts >= 1
         assert d.tier.counters.corrupt_objects == 0
 
-        # The rows of the expired job are free again: other blocks take them now.
+        # The rows of the expired job are free again: other blocks take them.
         # (Every I/O thread is stuck in the backend, so their cascade to the
         # tier waits; the primary store itself does not.)
-        others = make_keys(4, seed=22)
-        other_rows = rows_for(others, d.row_bytes)
-        for k, r in zip(others, other_rows, strict=True):
-            d.expected[k] = r.tobytes()
-        ctx = d.call(d.h.new_request)
-        d.call(d.h.store, others, other_rows, ctx)
-        # The stuck threads return; they must discard what they read.
-        gate.set()
-        time.sleep(0.3)
-        d.settle()
-        d.call(d.h.finish_request, ctx)
-        assert d.fetch(others) == [HIT] * 4  # from the primary: byte-exact, not overwritten
+        d.reuse_expired_rows(seed=22, release=gate.set)
         assert d.score.wrong_bytes == 0
         # The stalled blocks are still fine for a later request.
         d.forget_primary()

@@ -57,16 +57,7 @@ def test_stalled_replies_fail_loads_at_deadline_and_stores_then_recover(
         # The expired job's rows are free: other blocks take them now. Then the
         # held replies arrive (late, within socket_timeout_s): the stuck load
         # threads must discard what they read, not write these rows.
-        others = make_keys(4, seed=62)
-        other_rows = rows_for(others, d.row_bytes)
-        for k, r in zip(others, other_rows, strict=True):
-            d.expected[k] = r.tobytes()
-        ctx = d.call(d.h.new_request)
-        d.call(d.h.store, others, other_rows, ctx)
-        proxy.heal()
-        d.settle()
-        d.call(d.h.finish_request, ctx)
-        assert d.fetch(others) == [HIT] * 4  # from the primary, byte-exact
+        others = d.reuse_expired_rows(seed=62, release=proxy.heal)
 
         # -- stores: replies held past socket_timeout_s ------------------------------
         held = proxy.held
