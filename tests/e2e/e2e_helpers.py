@@ -69,19 +69,25 @@ SHARED_CHUNKS = TINY_PLAN.prefix_tokens // BLOCK  # chunks shared by all prompts
 DISTINCT_CHUNKS = SHARED_CHUNKS + TINY_PLAN.num_prompts * (FULL_CHUNKS - SHARED_CHUNKS)
 
 
-def assert_served_from_tier(cold: dict, warm: dict, tier_type: str) -> None:
-    """The warm phase (a new engine process) got every full chunk of its first
-    prompt from the tier, the shared prefix of later prompts from its local
-    cache and their own chunk from the tier, loaded every distinct chunk
-    without corruption, and generated exactly the cold phase's tokens."""
-    assert warm["tier_classes"][tier_type].startswith("kvstore_tiers."), warm["tier_classes"]
+def assert_prompt_hits(warm: dict) -> None:
+    """Prompt 1 of a fresh process: every full chunk from the tier; later
+    prompts: the shared prefix from the local prefix cache, the rest from the tier."""
     first, *rest = warm["prompts"]
+    assert first["prompt_tokens"] == PROMPT_TOKENS
     assert first["local_hit_tokens"] == 0
     assert first["external_hit_tokens"] == FULL_CHUNKS * BLOCK
     assert first["tier_read_bytes"] > 0
     for p in rest:
         assert p["local_hit_tokens"] == SHARED_CHUNKS * BLOCK
         assert p["external_hit_tokens"] == (FULL_CHUNKS - SHARED_CHUNKS) * BLOCK
+
+
+def assert_served_from_tier(cold: dict, warm: dict, tier_type: str) -> None:
+    """The warm phase (a new engine process) was served as :func:`assert_prompt_hits`
+    says, by our tier class, loaded every distinct chunk without corruption,
+    and generated exactly the cold phase's tokens."""
+    assert warm["tier_classes"][tier_type].startswith("kvstore_tiers."), warm["tier_classes"]
+    assert_prompt_hits(warm)
     counters = tier_counters(warm)
     assert counters["objects_loaded"] == DISTINCT_CHUNKS
     assert counters["corrupt_objects"] == 0

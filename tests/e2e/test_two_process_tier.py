@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from e2e_helpers import (
     BLOCK,
-    TINY_PLAN,
+    DISTINCT_CHUNKS,
     WarmTier,
+    assert_prompt_hits,
     copy_tier,
     outputs,
     run,
@@ -20,25 +21,6 @@ from e2e_helpers import (
 from kvstore_tiers.demo.prompts import PromptPlan
 
 pytestmark = pytest.mark.engine
-
-PROMPT_TOKENS = TINY_PLAN.prefix_tokens + TINY_PLAN.suffix_tokens
-FULL_CHUNKS = PROMPT_TOKENS // BLOCK            # 5 per prompt
-SHARED_CHUNKS = TINY_PLAN.prefix_tokens // BLOCK  # 4 shared by all prompts
-DISTINCT_CHUNKS = SHARED_CHUNKS + TINY_PLAN.num_prompts * (FULL_CHUNKS - SHARED_CHUNKS)
-
-
-def _assert_served_from_tier(warm: dict[str, Any]) -> None:
-    """Prompt 1 of a fresh process: every full chunk from the tier; later
-    prompts: the shared prefix from the local prefix cache, the rest from the tier."""
-    first, *rest = warm["prompts"]
-    assert first["prompt_tokens"] == PROMPT_TOKENS
-    assert first["local_hit_tokens"] == 0
-    assert first["external_hit_tokens"] == FULL_CHUNKS * BLOCK
-    assert first["tier_read_bytes"] > 0
-    for p in rest:
-        assert p["local_hit_tokens"] == SHARED_CHUNKS * BLOCK
-        assert p["external_hit_tokens"] == (FULL_CHUNKS - SHARED_CHUNKS) * BLOCK
-
 
 def test_cold_phase_writes_the_tier(warm_tier: WarmTier, tiny_baseline: dict[str, Any]) -> None:
     cold = warm_tier.cold
@@ -57,7 +39,7 @@ def test_second_process_is_served_from_tier(
 ) -> None:
     root = copy_tier(warm_tier.root, e2e_dir / "tier-served")
     warm = run("served", tiny_model, [{"type": "fs", "root_dir": str(root)}], e2e_dir / "runs")
-    _assert_served_from_tier(warm)
+    assert_prompt_hits(warm)
     assert outputs(warm) == outputs(tiny_baseline)
     assert warm["tier_classes"]["fs"].startswith("kvstore_tiers."), warm["tier_classes"]
     counters = tier_counters(warm)
@@ -123,7 +105,7 @@ def test_module_path_route_without_tier_registration(
     assert cold["tier_classes"]["fs"].startswith("vllm."), cold["tier_classes"]
     assert cold["tier_classes"]["FileSystemTier"].startswith("kvstore_tiers.")
     assert all(p["external_hit_tokens"] == 0 for p in cold["prompts"])
-    _assert_served_from_tier(warm)
+    assert_prompt_hits(warm)
     assert outputs(cold) == outputs(tiny_baseline)
     assert outputs(warm) == outputs(tiny_baseline)
     assert tier_counters(warm)["objects_loaded"] == DISTINCT_CHUNKS
