@@ -371,7 +371,13 @@ class KVStoreTier(SecondaryTierManager):
                 if job.deadline is not None:
                     self._deadlined.pop(job.job_id, None)
                 job.reported = True
-                results.append(self._complete(job))
+                try:
+                    results.append(self._complete(job))
+                except Exception:
+                    # A job popped here must still be reported, or vLLM waits on it forever.
+                    logger.exception("kvstore tier %s: completing job %d failed; reporting "
+                                     "it failed", self.tier_type, job.job_id)
+                    results.append(self._failed_result(job))
             if self._deadlined:
                 now = time.monotonic()
                 for job in [j for j in self._deadlined.values() if now > (j.deadline or now)]:
@@ -680,6 +686,17 @@ class KVStoreTier(SecondaryTierManager):
         else:
             s.result = JobResult(job_id=job.job_id, success=True, transfer_time=job.transfer_time)
         return s
+
+    def _failed_result(self, job: _Job) -> JobResult:
+        """Scheduler thread: report ``job`` failed as a whole (its outcomes are unusable)."""
+        if job.is_load:
+            c = self.metrics.counters
+            c.load_failures += len(job.keys)
+            self._failed_by_req.setdefault(job.req_id, set()).update(job.keys)
+        else:
+            self.metrics.counters.store_failures += len(job.keys)
+            self._storing.difference_update(job.keys)
+        return JobResult(job_id=job.job_id, success=False)
 
     def _complete(self, job: _Job) -> JobResult:
         """Scheduler thread: apply a finished job's summary, return vLLM's JobResult."""

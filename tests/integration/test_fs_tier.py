@@ -189,6 +189,32 @@ def test_load_io_error_is_a_failed_key_not_an_exception(
     assert all((tmp_path / h.tiers[0].namespace.object_name(k)).exists() for k in keys)
 
 
+def test_a_job_whose_completion_breaks_is_still_reported_failed(
+    harness_factory, tmp_path, monkeypatch
+) -> None:
+    """A bug while applying a finished job must not leave vLLM waiting on it forever."""
+    from kvstore_tiers import tier as tier_mod
+
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)
+    keys, rows = make_keys(3, seed=23), rows_like(3, ROW)
+    h.store_all(keys, rows)
+    h.forget_primary()
+
+    def broken(job):  # injected fault: condensing the outcomes raises
+        raise RuntimeError("injected")
+
+    monkeypatch.setattr(tier_mod._Summary, "of", staticmethod(broken))
+    ctx = h.new_request()
+    assert h.lookup_until_resolved(keys, ctx)[0] == [MISS] * 3  # failed, not stuck in RETRY
+    with h.locked():
+        assert not h.manager.has_pending_work()
+    assert h.tiers[0].counters.load_failures == 3
+    monkeypatch.undo()
+    h.finish_request(ctx)
+    ctx = h.new_request()  # a later request promotes them normally
+    assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 3
+
+
 def test_unusable_root_dir_fails_startup_naming_it(tmp_path) -> None:
     from kvstore_tiers.harness import build_harness
 
