@@ -38,8 +38,9 @@ class PoolJob:
     the outcome of every slot they are given (they are never given a slot
     twice), and may implement :meth:`finish`, called exactly once, on the
     thread that accounts the last slot, before the job appears in
-    :attr:`IOPool.finished`. Everything a job does there happens off the
-    scheduler thread.
+    :attr:`IOPool.finished`: an I/O thread, or, for a job whose last slots
+    were cancelled, the thread calling :meth:`IOPool.cancel_queued` (drain
+    or shutdown, which may block by vLLM's contract).
     """
 
     __slots__ = ("_next", "_remaining", "batch", "job_id", "lock", "n_slots", "transfer_time")
@@ -64,7 +65,7 @@ class PoolJob:
         raise NotImplementedError
 
     def finish(self) -> None:
-        """Called once when every slot is accounted (off the scheduler thread)."""
+        """Called once when every slot is accounted (see the class docstring)."""
 
     def _account(self, n: int, elapsed: float) -> bool:
         """Count ``n`` slots done; True for the call that accounts the last one."""
