@@ -33,7 +33,7 @@ class BenchPlan:
     rounds: int = 2
     compression_mib: int = 32
     scheduler_in_flight: int = 1024
-    redis_blocks: int = 128
+    redis_blocks: int = 256
     #: redis-benchmark moves run to run by +-50 % on 2 cores: at least this many rounds.
     redis_min_rounds: int = 5
     s3_blocks: int = 64
@@ -124,9 +124,9 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
     fs = result.get("fs")
     if fs:
         t = Table(title="fs: kvstore-tiers vs vLLM stock fs tier vs disk O_DIRECT "
-                  "(GB/s, median of rounds, same run)")
+                  "(GB/s, median of rounds; x: median of each round's ours/vLLM; same run)")
         for col in ("chunk", "reqs", "store ours", "store vLLM", "x", "disk write",
-                    "load ours", "load vLLM", "x", "disk read", "load/disk",
+                    "store/disk", "load ours", "load vLLM", "x", "disk read", "load/disk",
                     "no-RETRY steps ours/vLLM", "steps to HIT ours/vLLM"):
             t.add_column(col, justify="right")
         for r in fs["throughput"]:
@@ -134,6 +134,7 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
             t.add_row(_size(r["chunk_bytes"]), str(r["requests"]),
                       f"{r['kvstore_store_gbps']:.2f}", f"{r['vllm_store_gbps']:.2f}",
                       f"{r['store_ratio']:.2f}", f"{d['write_gbps']:.2f}",
+                      f"{r['kvstore_store_gbps'] / d['write_gbps']:.0%}",
                       f"{r['kvstore_load_gbps']:.2f}", f"{r['vllm_load_gbps']:.2f}",
                       f"{r['load_ratio']:.2f}", f"{d['read_gbps']:.2f}",
                       f"{r['load_vs_disk_read']:.0%}",
@@ -164,8 +165,8 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
     if "redis" in result:
         b = result["redis"]["bandwidth"]
         t = Table(title=f"redis: tier vs redis-benchmark ({b['block_bytes'] // KiB} KiB values, "
-                  "MiB/s)")
-        for col in ("op", "tier", "redis-benchmark (distinct keys)", "tier / baseline"):
+                  "MiB/s, median of rounds; x: median of each round's ratio)")
+        for col in ("op", "tier", "redis-benchmark (distinct keys)", "x"):
             t.add_column(col, justify="right")
         for op in ("set", "get"):
             t.add_row(op.upper(), f"{b[f'tier_{op}_MiBps']:.0f}",
