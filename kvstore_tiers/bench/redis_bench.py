@@ -5,12 +5,15 @@ starts its own ``redis-server`` on a free loopback port (no persistence),
 then, in the same run and against the same server:
 
 1. **Bandwidth.** ``redis-benchmark -t set,get -d <block>`` with as many
-   connections as the tier has I/O threads, and the tier driven through
+   connections (4) as the tier has store threads (its default
+   ``n_write_threads``), and the tier driven through
    vLLM's real TieringOffloadingManager (:mod:`kvstore_tiers.harness`): one
    store job of ``--blocks`` chunks (cascade primary -> Redis), then, after
    the primary forgot them, one request that looks them up and loads them
    back (Redis -> primary). Incompressible bytes and ``compression: none``,
-   so both move the same bytes; rounds alternate and the median is kept.
+   so both move the same bytes; rounds alternate, and a ratio is the median
+   of each round's tier/redis-benchmark (both measured back to back), so the
+   machine's drift between rounds cancels out.
 2. **Memory.** The real KV samples (``shared/data/kv-samples`` beside the checkout) stored
    with ``compression: none`` and with ``kvsplit``; Redis ``MEMORY USAGE``
    per key and the ``used_memory`` delta, per block.
@@ -25,6 +28,7 @@ import contextlib
 import csv
 import io
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -199,8 +203,35 @@ def tier_round(h: Any, rows: np.ndarray, seed: int) -> dict[str, float]:
             "get_transfer": nbytes / t_xfer / MiB, "hits": hits}
 
 
+@contextlib.contextmanager
+def server_on_own_cpu(server_pid: int, enabled: bool) -> Iterator[str]:
+    """Pin redis-server to the last CPU and this thread (so the tier's I/O
+    threads and redis-benchmark, started inside) to the others.
+
+    Why: in production Redis runs on its own host; on a 2-core VM a
+    multi-threaded client otherwise takes turns with the single-threaded
+    server on the same cores, and what is measured is the scheduler's
+    fairness rather than the client. Both sides run under the same pinning.
+    Yields a description of the placement (``"off"`` when not pinned).
+    """
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not enabled or len(cpus) < 2:
+        yield "off"
+        return
+    os.sched_setaffinity(server_pid, {cpus[-1]})
+    os.sched_setaffinity(0, set(cpus[:-1]))
+    try:
+        yield f"redis-server on CPU {cpus[-1]}, clients on CPU {','.join(map(str, cpus[:-1]))}"
+    finally:
+        os.sched_setaffinity(0, set(cpus))
+
+
 def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
-              batch: int) -> dict[str, Any]:
+              batch: int, read_threads: int = 2, pin: bool = True) -> dict[str, Any]:
+    """``threads``: the tier's store threads and redis-benchmark's clients;
+    ``read_threads``: the tier's load threads (fewer than redis-benchmark's
+    clients: on 2 cores, 4 Python load threads beside redis-server measured
+    ~25 % slower than 2); ``pin``: see :func:`server_on_own_cpu`."""
     import redis
 
     from kvstore_tiers.harness import build_harness
@@ -209,23 +240,28 @@ def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
     bench: list[dict[str, float]] = []
     bench_keys: list[dict[str, float]] = []
     tier: list[dict[str, float]] = []
-    with redis_server(["--maxmemory", "0"]) as port:
+    with contextlib.ExitStack() as stack:
+        port = stack.enter_context(redis_server(["--maxmemory", "0"]))
+        admin = redis.Redis(port=port)
+        stack.callback(admin.close)
+        placement = stack.enter_context(
+            server_on_own_cpu(int(admin.info("server")["process_id"]), pin))
         h = build_harness(
             [{"type": "redis", "url": f"redis://127.0.0.1:{port}/0", "compression": "none",
-              "n_read_threads": threads, "n_write_threads": threads, "pipeline_batch": batch,
+              "n_read_threads": read_threads, "n_write_threads": threads,
+              "pipeline_batch": batch,
               "presence_capacity": 0}],
             num_chunks=blocks, chunk_bytes=block_bytes,
         )
-        admin = redis.Redis(port=port)
         try:
             for r in range(rounds):
                 # Same bytes per measurement on both sides (``blocks`` values);
                 # who goes first alternates, since the machine drifts.
                 def baselines() -> None:
                     admin.flushall()
-                    bench.append(redis_benchmark(port, block_bytes, blocks, 2 * threads))
+                    bench.append(redis_benchmark(port, block_bytes, blocks, threads))
                     admin.flushall()
-                    bench_keys.append(redis_benchmark(port, block_bytes, blocks, 2 * threads,
+                    bench_keys.append(redis_benchmark(port, block_bytes, blocks, threads,
                                                       distinct_keys=blocks))
                     admin.flushall()
 
@@ -237,14 +273,14 @@ def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
                     baselines()
         finally:
             h.shutdown()
-            admin.close()
 
     def med(xs: list[dict[str, float]], k: str) -> float:
         return statistics.median(x[k] for x in xs)
 
     out: dict[str, Any] = {
         "block_bytes": block_bytes, "blocks": blocks, "rounds": rounds,
-        "connections": 2 * threads, "pipeline_batch": batch,
+        "connections": threads, "read_connections": read_threads, "pipeline_batch": batch,
+        "placement": placement,
         "redis_benchmark_set_MiBps": med(bench, "set"),
         "redis_benchmark_get_MiBps": med(bench, "get"),
         "redis_benchmark_keys_set_MiBps": med(bench_keys, "set"),
@@ -252,13 +288,14 @@ def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
         "tier_set_MiBps": med(tier, "set"), "tier_get_MiBps": med(tier, "get"),
         "tier_get_transfer_MiBps": med(tier, "get_transfer"),
     }
-    for op in ("set", "get"):
-        out[f"{op}_ratio"] = out[f"tier_{op}_MiBps"] / out[f"redis_benchmark_{op}_MiBps"]
-        out[f"{op}_ratio_keys"] = (out[f"tier_{op}_MiBps"]
-                                   / out[f"redis_benchmark_keys_{op}_MiBps"])
-    out["get_transfer_ratio"] = out["tier_get_transfer_MiBps"] / out["redis_benchmark_get_MiBps"]
-    out["get_transfer_ratio_keys"] = (out["tier_get_transfer_MiBps"]
-                                      / out["redis_benchmark_keys_get_MiBps"])
+    def paired(op: str, base: list[dict[str, float]], base_op: str) -> list[float]:
+        return [round(t[op] / b[base_op], 3) for t, b in zip(tier, base, strict=True)]
+
+    for op, base_op in (("set", "set"), ("get", "get"), ("get_transfer", "get")):
+        for suffix, base in (("", bench), ("_keys", bench_keys)):
+            ratios = paired(op, base, base_op)
+            out[f"{op}_ratio{suffix}"] = statistics.median(ratios)
+            out[f"{op}_ratios{suffix}"] = ratios
     return out
 
 
@@ -300,10 +337,12 @@ def memory(samples_dir: Path) -> list[dict[str, Any]]:
     return results
 
 
-def run(block_bytes: int = 2 * MiB, blocks: int = 128, rounds: int = 5, threads: int = 2,
-        batch: int = 4, samples_dir: Path = DEFAULT_SAMPLES) -> dict[str, Any]:
+def run(block_bytes: int = 2 * MiB, blocks: int = 256, rounds: int = 5, threads: int = 4,
+        batch: int = 8, samples_dir: Path = DEFAULT_SAMPLES, read_threads: int = 2,
+        pin: bool = True) -> dict[str, Any]:
     """Both benchmarks; returns ``{"bandwidth": {...}, "memory": [...]}``."""
-    out: dict[str, Any] = {"bandwidth": bandwidth(block_bytes, blocks, rounds, threads, batch)}
+    out: dict[str, Any] = {"bandwidth": bandwidth(block_bytes, blocks, rounds, threads, batch,
+                                                  read_threads, pin)}
     if (samples_dir / "kv-samples.json").exists():
         out["memory"] = memory(samples_dir)
     return out
@@ -312,7 +351,9 @@ def run(block_bytes: int = 2 * MiB, blocks: int = 128, rounds: int = 5, threads:
 def print_table(res: dict[str, Any]) -> None:
     b = res["bandwidth"]
     print(f"\nBandwidth, {b['block_bytes'] // 1024} KiB values, {b['blocks']} blocks per job, "
-          f"{b['connections']} connections, median of {b['rounds']} rounds (MiB/s)")
+          f"{b['connections']} connections (tier loads: {b['read_connections']}), "
+          f"median of {b['rounds']} rounds (MiB/s; ratio: median of each round's ratio); "
+          f"pinning: {b['placement']}")
     print(f"{'op':<5}{'redis-benchmark':>16}{'ratio':>7}{'redis-benchmark -r':>20}{'ratio':>7}"
           f"{'tier (vLLM manager)':>21}")
     print(f"{'':<5}{'(one key)':>16}{'':>7}{'(distinct keys)':>20}{'':>7}"
@@ -339,16 +380,21 @@ def print_table(res: dict[str, Any]) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--block-bytes", type=int, default=2 * MiB)
-    p.add_argument("--blocks", type=int, default=128,
+    p.add_argument("--blocks", type=int, default=256,
                    help="blocks per job (and primary rows); redis-benchmark -n is the same")
     p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--threads", type=int, default=2,
-                   help="tier read threads = write threads; redis-benchmark -c is twice that")
-    p.add_argument("--batch", type=int, default=4, help="pipeline_batch of the tier")
+    p.add_argument("--threads", type=int, default=4,
+                   help="tier write threads = redis-benchmark -c")
+    p.add_argument("--read-threads", type=int, default=2, help="tier read threads")
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="leave redis-server and the clients on all CPUs")
+    p.add_argument("--batch", type=int, default=8,
+                   help="pipeline_batch of the tier (8: the tier's default)")
     p.add_argument("--samples-dir", type=Path, default=DEFAULT_SAMPLES)
     p.add_argument("--json", type=Path, help="also write the result here")
     a = p.parse_args(argv)
-    res = run(a.block_bytes, a.blocks, a.rounds, a.threads, a.batch, a.samples_dir)
+    res = run(a.block_bytes, a.blocks, a.rounds, a.threads, a.batch, a.samples_dir,
+              a.read_threads, a.pin)
     print_table(res)
     if a.json:
         a.json.write_text(json.dumps(res, indent=2))
