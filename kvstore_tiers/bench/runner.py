@@ -144,15 +144,28 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
         s = Table(title="scheduler-thread time, microseconds (our jobs: 16 chunks of 256 KiB; "
                   "calls, then per chunk moved)")
         for col in ("method", "ours p50", "vLLM p50", "ours p99", "vLLM p99",
-                    "ours p99/chunk", "vLLM p99/chunk"):
+                    "ours p99/chunk", "vLLM p99/chunk", "no GC: ours p99", "vLLM p99",
+                    "ours p99/chunk", "vLLM p99/chunk", "GC in calls ours/vLLM"):
             s.add_column(col, justify="right")
         ours, stock = fs["scheduler"].get("kvstore", {}), fs["scheduler"].get("vllm", {})
+
+        def cell(d: dict[str, Any], k: str) -> str:
+            return f"{d[k]:.1f}" if k in d else "-"
+
         for m in ours:
             st = stock.get(m, {})
-            s.add_row(m, f"{ours[m]['p50_us']:.1f}", f"{st.get('p50_us', 0):.1f}",
-                      f"{ours[m]['p99_us']:.1f}", f"{st.get('p99_us', 0):.1f}",
-                      f"{ours[m]['p99_us_per_chunk']:.1f}", f"{st.get('p99_us_per_chunk', 0):.1f}")
+            s.add_row(m, *(cell(d, k) for k in ("p50_us", "p99_us", "p99_us_per_chunk",
+                                                 "p99_us_no_gc", "p99_us_per_chunk_no_gc")
+                           for d in (ours[m], st)),
+                      f"{ours[m].get('gc_calls', '-')}/{st.get('gc_calls', '-')}")
         console.print(s)
+        floor = [d.get("get_finished_jobs", {}).get("p99_us_empty_polls", 0.0)
+                 for d in (ours, stock)]
+        console.print("no GC: calls in which Python's cyclic GC ran (it collects the whole "
+                      "process and starts in whichever thread allocates past its threshold) "
+                      "left out. Noise floor, p99 of get_finished_jobs calls that reported "
+                      f"nothing (sub-microsecond work): ours {floor[0]:.1f} us, "
+                      f"vLLM {floor[1]:.1f} us")
         if fs.get("compression"):
             c = Table(title="codecs on real bf16 KV (our fs tier; effective = raw KV GB/s)")
             for col in ("sample", "block", "codec", "ratio", "store eff. GB/s",
