@@ -40,3 +40,22 @@ class ObjectCorrupt(BackendError):
 
 class TransientError(BackendError):
     """The backend failed for a reason that may pass (I/O, network, capacity)."""
+
+
+def detached(err: BaseException) -> BaseException:
+    """``err`` without its traceback (nor its causes'), for keeping as an outcome.
+
+    Why: the traceback of an error raised on an I/O thread holds that
+    thread's frames, whose locals are views of vLLM's primary KV memory; a
+    kept traceback is an export that stops vLLM from unmapping it at
+    shutdown ("cannot close exported pointers exist"), and a batch call's
+    frame that also lists the error makes a cycle only the cyclic GC frees.
+    The message and type, all we report, stay.
+    """
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        e.__traceback__ = None
+        e = e.__cause__ or e.__context__
+    return err

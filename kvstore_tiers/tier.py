@@ -80,7 +80,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from kvstore_tiers.backends.base import Backend, LoadItem, StoreItem, classify
 from kvstore_tiers.codecs import resolve_compression
 from kvstore_tiers.config import TierConfig, validate_config
-from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing, TransientError
+from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing, TransientError, detached
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.health import BreakerState, CircuitBreaker
 from kvstore_tiers.namespace import Namespace
@@ -561,7 +561,7 @@ class KVStoreTier(SecondaryTierManager):
                 items = [LoadItem(name_of(k), k, r) for k, r in zip(keys, rows, strict=True)]
                 errors = self.backend.load_many(items, codec)
                 for s, item, err in zip(range(start, stop), items, errors, strict=True):
-                    job.outcomes[s] = err
+                    job.outcomes[s] = err if err is None else detached(err)
                     job.stored_bytes[s] = item.stored_len
                     if isinstance(err, ObjectCorrupt):
                         self._remove_corrupt(item.name)
@@ -569,11 +569,11 @@ class KVStoreTier(SecondaryTierManager):
                 sitems = [StoreItem(name_of(k), k, r) for k, r in zip(keys, rows, strict=True)]
                 results = self.backend.store_many(sitems, codec)
                 for s, sitem, res in zip(range(start, stop), sitems, results, strict=True):
-                    job.outcomes[s] = res
+                    job.outcomes[s] = detached(res) if isinstance(res, BaseException) else res
                     job.stored_bytes[s] = sitem.stored_len
         except Exception as exc:
             # The batch call itself failed: no slot of it can be trusted.
-            err = classify(exc)
+            err = detached(classify(exc))
             for s in range(start, stop):
                 job.outcomes[s] = err
 
@@ -606,7 +606,7 @@ class KVStoreTier(SecondaryTierManager):
         for s, item, err in zip(range(start, stop), items, errors, strict=True):
             job.stored_bytes[s] = item.stored_len
             if err is not None:
-                job.outcomes[s] = err
+                job.outcomes[s] = detached(err)
                 if isinstance(err, ObjectCorrupt):
                     self._remove_corrupt(item.name)
                 continue

@@ -252,12 +252,26 @@ def test_reset_cache_drains_and_reports_every_job(harness_factory, tmp_path) -> 
     assert c.objects_stored >= 4
 
 
-def test_shutdown_releases_the_primary_and_stops_threads(tmp_path) -> None:
+@pytest.mark.parametrize("corrupt_load", [False, True])
+def test_shutdown_releases_the_primary_and_stops_threads(tmp_path, corrupt_load) -> None:
     from kvstore_tiers.harness import build_harness
 
     before = {t.ident for t in threading.enumerate()}
     h = build_harness([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)
-    h.store_all(make_keys(3), rows_like(3, ROW))
+    keys = make_keys(3)
+    h.store_all(keys, rows_like(3, ROW))
+    if corrupt_load:
+        # A rejected object's error must not keep a view of the primary alive
+        # (its traceback's frames hold the row it was loading into).
+        path = _objects(tmp_path)[0]
+        data = bytearray(path.read_bytes())
+        data[-5] ^= 0xFF
+        path.write_bytes(data)
+        h.forget_primary()
+        ctx = h.new_request()
+        results, _ = h.lookup_until_resolved(keys, ctx)
+        h.finish_request(ctx)
+        assert results.count(MISS) == 1
     mm = h.spec._scheduler_mmap.mmap_obj
     h.shutdown()
     h.tiers[0].shutdown()  # idempotent
