@@ -49,6 +49,8 @@ CRLF = b"\r\n"
 HEAD_PEEK = 256
 #: SET value bytes unanswered at once, over all connections (the store window).
 SET_WINDOW_BYTES = 8 << 20
+#: GETs one connection keeps unanswered at once.
+GET_DEPTH = 2
 
 
 class _ProtocolError(Exception):
@@ -141,6 +143,8 @@ class FastIO:
         #: SET value bytes all connections together may have unanswered (0: no limit).
         self.set_window_bytes = set_window_bytes
         self._inflight = 0
+        #: GETs unanswered at once per connection (see get_many).
+        self.get_depth = GET_DEPTH
         self._window_cv = threading.Condition()
 
     # -- connection handling ----------------------------------------------------------
@@ -273,17 +277,25 @@ class FastIO:
         """
         if ttl_s:
             t = str(int(ttl_s)).encode()
-            cmds = b"".join(
-                b"*4\r\n$5\r\nGETEX\r\n$%d\r\n%s\r\n$2\r\nEX\r\n$%d\r\n%s\r\n"
-                % (len(k), k, len(t), t) for k in keys)
+            cmds = [b"*4\r\n$5\r\nGETEX\r\n$%d\r\n%s\r\n$2\r\nEX\r\n$%d\r\n%s\r\n"
+                    % (len(k), k, len(t), t) for k in keys]
         else:
-            cmds = b"".join(b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys)
+            cmds = [b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys]
+        depth = max(1, self.get_depth)
 
         def op(conn: Any) -> list[BaseException | None]:
-            conn.send_packed_command([cmds], check_health=False)
+            # At most ``depth`` GETs unanswered on this connection: the server
+            # copies each reply into its output buffers as soon as it reads
+            # the GET, so a deeper pipeline only makes it fault in fresh
+            # memory for replies we are not reading yet.
+            sent = min(depth, len(cmds))
+            conn.send_packed_command([b"".join(cmds[:sent])], check_health=False)
             reader = _Reader(conn._sock, self._readbuf())
             out: list[BaseException | None] = []
-            for key, item in zip(keys, items, strict=True):
+            for i, (key, item) in enumerate(zip(keys, items, strict=True)):
+                if sent < len(cmds) and sent < i + depth:
+                    conn.send_packed_command([cmds[sent]], check_health=False)
+                    sent += 1
                 out.append(self._read_value(reader, key, item, codec))
             if reader.pos != reader.end:
                 raise _ProtocolError("unexpected bytes after the last reply")
