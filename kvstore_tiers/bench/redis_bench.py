@@ -204,9 +204,10 @@ def tier_round(h: Any, rows: np.ndarray, seed: int) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def server_on_own_cpu(server_pid: int, enabled: bool) -> Iterator[str]:
-    """Pin redis-server to the last CPU and this thread (so the tier's I/O
-    threads and redis-benchmark, started inside) to the others.
+def server_on_own_cpu(server_pid: int, mode: str) -> Iterator[str]:
+    """``mode="split"``: pin redis-server to the last CPU and this thread (so
+    the tier's I/O threads and redis-benchmark, started inside) to the others;
+    ``"server"``: pin only redis-server; ``"off"``: pin nothing.
 
     Why: in production Redis runs on its own host; on a 2-core VM a
     multi-threaded client otherwise takes turns with the single-threaded
@@ -215,10 +216,15 @@ def server_on_own_cpu(server_pid: int, enabled: bool) -> Iterator[str]:
     Yields a description of the placement (``"off"`` when not pinned).
     """
     cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if not enabled or len(cpus) < 2:
+    if mode not in ("split", "server", "off"):
+        raise ValueError(f"pin mode {mode!r}: expected split, server or off")
+    if mode == "off" or len(cpus) < 2:
         yield "off"
         return
     os.sched_setaffinity(server_pid, {cpus[-1]})
+    if mode == "server":
+        yield f"redis-server on CPU {cpus[-1]}, clients anywhere"
+        return
     os.sched_setaffinity(0, set(cpus[:-1]))
     try:
         yield f"redis-server on CPU {cpus[-1]}, clients on CPU {','.join(map(str, cpus[:-1]))}"
@@ -227,7 +233,7 @@ def server_on_own_cpu(server_pid: int, enabled: bool) -> Iterator[str]:
 
 
 def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
-              batch: int, read_threads: int = 2, pin: bool = True) -> dict[str, Any]:
+              batch: int, read_threads: int = 2, pin: str = "split") -> dict[str, Any]:
     """``threads``: the tier's store threads and redis-benchmark's clients;
     ``read_threads``: the tier's load threads (fewer than redis-benchmark's
     clients: on 2 cores, 4 Python load threads beside redis-server measured
@@ -339,7 +345,7 @@ def memory(samples_dir: Path) -> list[dict[str, Any]]:
 
 def run(block_bytes: int = 2 * MiB, blocks: int = 256, rounds: int = 5, threads: int = 4,
         batch: int = 8, samples_dir: Path = DEFAULT_SAMPLES, read_threads: int = 2,
-        pin: bool = True) -> dict[str, Any]:
+        pin: str = "split") -> dict[str, Any]:
     """Both benchmarks; returns ``{"bandwidth": {...}, "memory": [...]}``."""
     out: dict[str, Any] = {"bandwidth": bandwidth(block_bytes, blocks, rounds, threads, batch,
                                                   read_threads, pin)}
@@ -386,8 +392,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--threads", type=int, default=4,
                    help="tier write threads = redis-benchmark -c")
     p.add_argument("--read-threads", type=int, default=2, help="tier read threads")
-    p.add_argument("--no-pin", dest="pin", action="store_false",
-                   help="leave redis-server and the clients on all CPUs")
+    p.add_argument("--pin", choices=("split", "server", "off"), default="split",
+                   help="split: redis-server on the last CPU, clients on the others; "
+                   "server: only redis-server pinned; off: nothing pinned")
     p.add_argument("--batch", type=int, default=8,
                    help="pipeline_batch of the tier (8: the tier's default)")
     p.add_argument("--samples-dir", type=Path, default=DEFAULT_SAMPLES)
