@@ -18,7 +18,8 @@ import click
 @click.option("--chunk-kib", "chunk_kib", type=click.IntRange(4), multiple=True,
               help="Chunk sizes in KiB (repeatable; default 256, 2048, 8192).")
 @click.option("--total-mib", type=click.IntRange(4), default=None,
-              help="Data per round and chunk size (default 64, quick 32).")
+              help="Data per round and chunk size (default 64, quick 32); a window "
+              "moves at least 256 chunks (up to 1 GiB) whatever this says.")
 @click.option("--rounds", type=click.IntRange(1), default=None,
               help="Alternating rounds per measurement; the median is kept (default 2).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
