@@ -43,6 +43,7 @@ from typing import Any
 import numpy as np
 
 from kvstore_tiers import samples
+from kvstore_tiers.bench.pairing import balanced_ratio, even_rounds
 from kvstore_tiers.harness import Harness, build_harness, make_keys
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -331,6 +332,7 @@ def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
     from kvstore_tiers.plugin import register
 
     register()  # makes "vllm_fs" available next to our "fs"
+    rounds = even_rounds(rounds)
     result: dict[str, Any] = {"directory": str(directory), "rounds": rounds, "throughput": [],
                               "disk": {}, "scheduler": {}}
     for chunk in chunk_sizes:
@@ -365,10 +367,8 @@ def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
                 row[f"{kind}_steps_to_hit"] = int(statistics.median(per[kind]["steps"]))
                 row[f"{kind}_lookup_steps"] = int(statistics.median(per[kind]["lookup_steps"]))
             for op in ("store", "load"):
-                # Paired: each round's ratio (both tiers back to back), then the
-                # median -- the machine's drift between rounds cancels out.
-                row[f"{op}_ratio"] = statistics.median(
-                    a / b for a, b in zip(per["kvstore"][op], per["vllm"][op], strict=True))
+                # Paired and balanced for position (kvstore_tiers.bench.pairing).
+                row[f"{op}_ratio"] = balanced_ratio(per["kvstore"][op], per["vllm"][op])
                 row[f"{op}_ratios"] = [round(a / b, 3) for a, b in zip(
                     per["kvstore"][op], per["vllm"][op], strict=True)]
             row["load_vs_disk_read"] = row["kvstore_load_gbps"] / result["disk"][chunk]["read_gbps"]

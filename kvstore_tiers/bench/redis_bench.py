@@ -11,9 +11,8 @@ then, in the same run and against the same server:
    store job of ``--blocks`` chunks (cascade primary -> Redis), then, after
    the primary forgot them, one request that looks them up and loads them
    back (Redis -> primary). Incompressible bytes and ``compression: none``,
-   so both move the same bytes; rounds alternate, and a ratio is the median
-   of each round's tier/redis-benchmark (both measured back to back), so the
-   machine's drift between rounds cancels out.
+   so both move the same bytes; rounds alternate which side goes first, and a
+   ratio is balanced over AB/BA round pairs (:mod:`kvstore_tiers.bench.pairing`).
 2. **Memory.** The real KV samples (``shared/data/kv-samples`` beside the checkout) stored
    with ``compression: none`` and with ``kvsplit``; Redis ``MEMORY USAGE``
    per key and the ``used_memory`` delta, per block.
@@ -42,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from kvstore_tiers import samples
+from kvstore_tiers.bench.pairing import balanced_ratio, even_rounds
 
 MiB = 1 << 20
 DEFAULT_SAMPLES = samples.default_dir()
@@ -242,6 +242,7 @@ def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
 
     from kvstore_tiers.harness import build_harness
 
+    rounds = even_rounds(rounds)
     rows = np.random.default_rng(0).integers(0, 256, (blocks, block_bytes), dtype=np.uint8)
     bench: list[dict[str, float]] = []
     bench_keys: list[dict[str, float]] = []
@@ -294,14 +295,12 @@ def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
         "tier_set_MiBps": med(tier, "set"), "tier_get_MiBps": med(tier, "get"),
         "tier_get_transfer_MiBps": med(tier, "get_transfer"),
     }
-    def paired(op: str, base: list[dict[str, float]], base_op: str) -> list[float]:
-        return [round(t[op] / b[base_op], 3) for t, b in zip(tier, base, strict=True)]
-
     for op, base_op in (("set", "set"), ("get", "get"), ("get_transfer", "get")):
         for suffix, base in (("", bench), ("_keys", bench_keys)):
-            ratios = paired(op, base, base_op)
-            out[f"{op}_ratio{suffix}"] = statistics.median(ratios)
-            out[f"{op}_ratios{suffix}"] = ratios
+            ours, theirs = [t[op] for t in tier], [b[base_op] for b in base]
+            out[f"{op}_ratio{suffix}"] = balanced_ratio(ours, theirs)
+            out[f"{op}_ratios{suffix}"] = [round(a / b, 3) for a, b in zip(
+                ours, theirs, strict=True)]
     return out
 
 
@@ -358,7 +357,7 @@ def print_table(res: dict[str, Any]) -> None:
     b = res["bandwidth"]
     print(f"\nBandwidth, {b['block_bytes'] // 1024} KiB values, {b['blocks']} blocks per job, "
           f"{b['connections']} connections (tier loads: {b['read_connections']}), "
-          f"median of {b['rounds']} rounds (MiB/s; ratio: median of each round's ratio); "
+          f"median of {b['rounds']} rounds (MiB/s; ratio: balanced over AB/BA round pairs); "
           f"pinning: {b['placement']}")
     print(f"{'op':<5}{'redis-benchmark':>16}{'ratio':>7}{'redis-benchmark -r':>20}{'ratio':>7}"
           f"{'tier (vLLM manager)':>21}")

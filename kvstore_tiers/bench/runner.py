@@ -124,7 +124,8 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
     fs = result.get("fs")
     if fs:
         t = Table(title="fs: kvstore-tiers vs vLLM stock fs tier vs disk O_DIRECT "
-                  "(GB/s, median of rounds; x: median of each round's ours/vLLM; same run)")
+                  "(GB/s, median of rounds; x: ours/vLLM balanced over AB/BA round pairs; "
+                  "same run)")
         for col in ("chunk", "reqs", "store ours", "store vLLM", "x", "disk write",
                     "store/disk", "load ours", "load vLLM", "x", "disk read", "load/disk",
                     "no-RETRY steps ours/vLLM", "steps to HIT ours/vLLM"):
@@ -178,7 +179,7 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
     if "redis" in result:
         b = result["redis"]["bandwidth"]
         t = Table(title=f"redis: tier vs redis-benchmark ({b['block_bytes'] // KiB} KiB values, "
-                  "MiB/s, median of rounds; x: median of each round's ratio)")
+                  "MiB/s, median of rounds; x: balanced over AB/BA round pairs)")
         for col in ("op", "tier", "redis-benchmark (distinct keys)", "x"):
             t.add_column(col, justify="right")
         for op in ("set", "get"):
