@@ -17,6 +17,10 @@ Anything else a backend raises is treated as transient.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
+T = TypeVar("T")
+
 
 class KVStoreError(Exception):
     """Base class of every error raised by kvstore_tiers."""
@@ -42,8 +46,9 @@ class TransientError(BackendError):
     """The backend failed for a reason that may pass (I/O, network, capacity)."""
 
 
-def detached(err: BaseException) -> BaseException:
-    """``err`` without its traceback (nor its causes'), for keeping as an outcome.
+def detached(outcome: T) -> T:
+    """``outcome`` as is, or, if it is an error, without its traceback (nor its
+    causes'), for keeping as a job's outcome.
 
     Why: the traceback of an error raised on an I/O thread holds that
     thread's frames, whose locals are views of vLLM's primary KV memory; a
@@ -53,9 +58,9 @@ def detached(err: BaseException) -> BaseException:
     The message and type, all we report, stay.
     """
     seen: set[int] = set()
-    e: BaseException | None = err
+    e = outcome if isinstance(outcome, BaseException) else None
     while e is not None and id(e) not in seen:
         seen.add(id(e))
         e.__traceback__ = None
         e = e.__cause__ or e.__context__
-    return err
+    return outcome

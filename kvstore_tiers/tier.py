@@ -482,8 +482,7 @@ class KVStoreTier(SecondaryTierManager):
         try:
             n = len(job.keys)
             if is_load:
-                self.metrics.counters.load_failures += n
-                self._failed_by_req.setdefault(job.req_context.req_id, set()).update(job.keys)
+                self._fail_loads(job.req_context.req_id, job.keys)
             else:
                 self.metrics.counters.stores_dropped += n
         finally:
@@ -561,7 +560,7 @@ class KVStoreTier(SecondaryTierManager):
                 items = [LoadItem(name_of(k), k, r) for k, r in zip(keys, rows, strict=True)]
                 errors = self.backend.load_many(items, codec)
                 for s, item, err in zip(range(start, stop), items, errors, strict=True):
-                    job.outcomes[s] = err if err is None else detached(err)
+                    job.outcomes[s] = detached(err)
                     job.stored_bytes[s] = item.stored_len
                     if isinstance(err, ObjectCorrupt):
                         self._remove_corrupt(item.name)
@@ -569,7 +568,7 @@ class KVStoreTier(SecondaryTierManager):
                 sitems = [StoreItem(name_of(k), k, r) for k, r in zip(keys, rows, strict=True)]
                 results = self.backend.store_many(sitems, codec)
                 for s, sitem, res in zip(range(start, stop), sitems, results, strict=True):
-                    job.outcomes[s] = detached(res) if isinstance(res, BaseException) else res
+                    job.outcomes[s] = detached(res)
                     job.stored_bytes[s] = sitem.stored_len
         except Exception as exc:
             # The batch call itself failed: no slot of it can be trusted.
@@ -639,11 +638,10 @@ class KVStoreTier(SecondaryTierManager):
             self.breaker.record(True)
             return JobResult(job_id=job.job_id, success=True, transfer_time=job.transfer_time)
         self.load_timeouts += 1
-        c.load_failures += len(bad)
         self.breaker.record(False)
         for k in bad:
             self._presence.discard(k)
-        self._failed_by_req.setdefault(job.req_id, set()).update(bad)
+        self._fail_loads(job.req_id, bad)
         self._warn.warning(
             "load-timeout", "kvstore tier %s: load of %d blocks passed its %.3fs deadline; "
             "reported failed (vLLM recomputes)", self.tier_type, len(bad),
@@ -687,12 +685,16 @@ class KVStoreTier(SecondaryTierManager):
             s.result = JobResult(job_id=job.job_id, success=True, transfer_time=job.transfer_time)
         return s
 
+    def _fail_loads(self, req_id: str, keys: Collection[bytes]) -> None:
+        """Scheduler thread: count ``keys`` as failed loads of request ``req_id``
+        (its later lookups of them answer MISS: vLLM issue 49176)."""
+        self.metrics.counters.load_failures += len(keys)
+        self._failed_by_req.setdefault(req_id, set()).update(keys)
+
     def _failed_result(self, job: _Job) -> JobResult:
         """Scheduler thread: report ``job`` failed as a whole (its outcomes are unusable)."""
         if job.is_load:
-            c = self.metrics.counters
-            c.load_failures += len(job.keys)
-            self._failed_by_req.setdefault(job.req_id, set()).update(job.keys)
+            self._fail_loads(job.req_id, job.keys)
         else:
             self.metrics.counters.store_failures += len(job.keys)
             self._storing.difference_update(job.keys)
