@@ -220,12 +220,12 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
     """
     h = build_harness([_tier_cfg(kind, root)], num_chunks=in_flight * 2, chunk_bytes=chunk)
     tier = h.tiers[0]
-    samples: dict[str, list[tuple[float, int]]] = {
+    #: Per call: (seconds, chunks moved, whether a cyclic-GC pass ran inside it).
+    samples: dict[str, list[tuple[float, int, bool]]] = {
         m: [] for m in ("submit_store", "submit_load", "lookup", "get_finished_jobs")}
     originals = {m: getattr(tier, m) for m in samples}
 
     job_chunks_by_id: dict[int, int] = {}
-    gc_hits: dict[str, int] = dict.fromkeys(samples, 0)
     gc_passes = [0]  # cyclic-GC passes started so far (any thread)
 
     def count_gc(phase: str, _info: dict[str, Any]) -> None:
@@ -240,12 +240,10 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
             if name == "get_finished_jobs":
                 out = list(out)
             dt = time.perf_counter() - t0
-            if gc_passes[0] != g0:
-                # Python's cyclic GC ran inside this call: it collects the whole
-                # process's garbage and starts in whichever thread allocates
-                # past the threshold. Kept in p99, left out of p99 "no GC".
-                gc_hits[name] += 1
-                dt = -dt
+            # Python's cyclic GC ran inside this call: it collects the whole
+            # process's garbage and starts in whichever thread allocates past
+            # the threshold. Kept in p99, left out of p99 "no GC".
+            gc_ran = gc_passes[0] != g0
             # Per chunk: a submit's keys; a poll's chunks are those of the jobs
             # it reported (vLLM may send 1-chunk jobs to one tier, 16 to
             # another); a poll that reported nothing moved none (left out of
@@ -255,7 +253,7 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
                 chunks = job_chunks_by_id[a[0].job_id] = len(a[0].keys)
             elif name == "get_finished_jobs":
                 chunks = sum(job_chunks_by_id.get(r.job_id, 1) for r in out)
-            samples[name].append((dt, chunks))
+            samples[name].append((dt, chunks, gc_ran))
             return out
         return wrapper
 
@@ -300,19 +298,19 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
 
     report: dict[str, dict[str, float]] = {}
     for name, xs in samples.items():
-        per_call = [abs(t) for t, _ in xs]
-        per_chunk = [abs(t) / c for t, c in xs if c]
-        no_gc = [(t, c) for t, c in xs if t >= 0]  # calls no GC pass ran in
+        per_call = [t for t, _, _ in xs]
+        per_chunk = [t / c for t, c, _ in xs if c]
+        no_gc = [(t, c) for t, c, gc_ran in xs if not gc_ran]
         report[name] = {"calls": len(xs), "p50_us": pct(per_call, 50), "p99_us": pct(per_call, 99),
                         "p50_us_per_chunk": pct(per_chunk, 50),
                         "p99_us_per_chunk": pct(per_chunk, 99),
-                        "gc_calls": gc_hits[name],
+                        "gc_calls": len(xs) - len(no_gc),
                         "p99_us_no_gc": pct([t for t, _ in no_gc], 99),
                         "p99_us_per_chunk_no_gc": pct([t / c for t, c in no_gc if c], 99)}
     # A poll that reported nothing does well under a microsecond of work: its
     # p99 is this machine's own noise on the scheduler thread (interrupts and
     # the hypervisor, charged to whatever runs), in the same run.
-    empty = [t for t, c in samples["get_finished_jobs"] if t >= 0 and c == 0]
+    empty = [t for t, c, gc_ran in samples["get_finished_jobs"] if not gc_ran and c == 0]
     report["get_finished_jobs"]["p99_us_empty_polls"] = pct(empty, 99)
     report["get_finished_jobs"]["empty_polls"] = len(empty)
     return report

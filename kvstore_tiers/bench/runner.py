@@ -135,7 +135,7 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
             t.add_row(_size(r["chunk_bytes"]), str(r["requests"]),
                       f"{r['kvstore_store_gbps']:.2f}", f"{r['vllm_store_gbps']:.2f}",
                       f"{r['store_ratio']:.2f}", f"{d['write_gbps']:.2f}",
-                      f"{r['kvstore_store_gbps'] / d['write_gbps']:.0%}",
+                      f"{r['store_vs_disk_write']:.0%}",
                       f"{r['kvstore_load_gbps']:.2f}", f"{r['vllm_load_gbps']:.2f}",
                       f"{r['load_ratio']:.2f}", f"{d['read_gbps']:.2f}",
                       f"{r['load_vs_disk_read']:.0%}",

@@ -21,7 +21,8 @@ import click
               help="Data per round and chunk size (default 64, quick 32); a window "
               "moves at least 256 chunks (up to 1 GiB) whatever this says.")
 @click.option("--rounds", type=click.IntRange(1), default=None,
-              help="Alternating rounds per measurement; the median is kept (default 2).")
+              help="Alternating rounds per measurement, rounded up to AB/BA pairs; "
+              "ratios are balanced over the pairs (default 2).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
               default=Path(".bench-kvstore"), show_default=True,
               help="Scratch directory on the disk to measure (removed afterwards).")
