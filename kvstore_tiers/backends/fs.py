@@ -23,7 +23,9 @@ store made two directories per block), and a directory holds ~2,500 files at
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
+import itertools
 import json
 import logging
 import mmap
@@ -67,10 +69,19 @@ class FsConfig(TierConfig):
 
 
 def _address(buf: Buffer) -> int:
-    """Memory address of a buffer's first byte (for O_DIRECT alignment checks)."""
-    import numpy as np
+    """Memory address of a buffer's first byte (for O_DIRECT alignment checks).
 
-    return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data) if len(buf) else 0
+    On the I/O threads for every block, holding the GIL: ctypes takes ~0.5 us
+    for a writable buffer (a primary row), numpy ~4 us (read-only ones).
+    """
+    if not len(buf):
+        return 0
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(buf))  # type: ignore[arg-type]
+    except TypeError:  # read-only
+        import numpy as np
+
+        return int(np.frombuffer(buf, dtype=np.uint8).ctypes.data)
 
 
 def _classify_oserror(exc: OSError, path: str) -> Exception:
@@ -111,6 +122,7 @@ class FileSystemBackend(Backend):
         super().__init__(config, namespace)
         self.root = Path(config.root_dir).expanduser().resolve()
         self.base = self.root / namespace.name
+        self._root_prefix = f"{self.root}{os.sep}"
         self.use_o_direct = False
         self._local = threading.local()
         self.capacity: Any = None
@@ -164,7 +176,17 @@ class FileSystemBackend(Backend):
 
     # -- paths -------------------------------------------------------------------
     def path(self, name: str) -> str:
-        return str(self.root / name)
+        # String concatenation, not pathlib: this runs on every block, holding the GIL.
+        return self._root_prefix + name
+
+    def _temp_name(self, path: str) -> str:
+        """A name no other writer uses: per-thread random tag + counter (no uuid per block)."""
+        local = self._local
+        tag = getattr(local, "tag", None)
+        if tag is None:
+            tag = local.tag = uuid.uuid4().hex[:12]
+            local.seq = itertools.count()
+        return f"{path}.{tag}{next(local.seq):x}.tmp"
 
     def _header_buf(self) -> mmap.mmap:
         buf = getattr(self._local, "hdr", None)
@@ -183,7 +205,7 @@ class FileSystemBackend(Backend):
         return self._publish(path, parts, aligned)
 
     def _publish(self, path: str, parts: Sequence[Buffer], o_direct: bool) -> bool:
-        tmp = f"{path}.{uuid.uuid4().hex[:16]}.tmp"
+        tmp = self._temp_name(path)
         flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | (O_DIRECT if o_direct else 0)
         total = sum(len(p) for p in parts)
         try:
