@@ -15,6 +15,15 @@ REPO = Path(__file__).resolve().parent.parent
 KV_SAMPLES_DIR = samples.default_dir()
 
 
+def pytest_report_header() -> str:
+    """Which vLLM this run tests against (scripts/test.sh runs 0.32 and 0.33)."""
+    try:
+        import vllm
+    except ImportError:
+        return "vllm: not installed"
+    return f"vllm {vllm.__version__} from {Path(vllm.__file__).parent}"
+
+
 def load_kv_samples() -> list[tuple[dict[str, Any], np.ndarray]]:
     """[(file entry of the JSON sidecar, blocks as (num_blocks, block_bytes) uint8)]."""
     return samples.load(KV_SAMPLES_DIR)

@@ -158,8 +158,18 @@ def test_refuses_canonical_layout_and_non_host_tensors() -> None:
 
 
 @pytest.fixture
-def patched_vllm() -> Iterator[None]:
-    """Install the real patch in this process (it is process-wide and idempotent)."""
+def patched_vllm(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Install the real patch in this process (it is process-wide and idempotent).
+
+    Under a GPU build of vLLM on a machine without a GPU (the vLLM 0.33 check
+    in scripts/test-vllm-033.sh) the platform is not "cpu" and ``register``
+    rightly does nothing; the platform is then taken for CPU while the patch
+    goes in, so the patch is still checked against that vLLM's own classes.
+    """
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        monkeypatch.setattr(type(current_platform), "is_cpu", lambda self: True)
     cpu_offload.register()
     assert cpu_offload.is_active()
     yield
