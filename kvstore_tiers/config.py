@@ -43,7 +43,8 @@ class TierConfig(BaseModel):
     )
     presence_capacity: int = Field(
         1_000_000, ge=0,
-        description="Keys remembered as stored by this process (answered HIT without I/O).",
+        description="Keys remembered as stored or being stored by this process: lookups "
+        "of stored ones HIT without I/O, stores of either are skipped. 0 turns both off.",
     )
     enable_kv_events: bool = Field(
         False, description="Emit BlockStored events (needs KV events enabled globally)."

@@ -11,8 +11,8 @@ Threading contract (vLLM contract sections 4.0-4.16):
   tiering lock held. None of them does I/O, blocks (except ``drain_jobs``
   and ``shutdown``) or raises: each body is wrapped so an unexpected error
   becomes a failed job or a MISS and is logged.
-* Scheduler-owned state (``_deadlined``, ``_storing``, ``_presence``,
-  ``_failed_by_req``, counters, breaker) is touched only on that thread.
+* Scheduler-owned state (``_deadlined``, ``_presence``, ``_failed_by_req``,
+  counters, breaker) is touched only on that thread.
   I/O threads write only per-job outcome slots of jobs they were handed and
   the rows of the primary view those jobs own; completion is handed back
   through the pool's ``finished`` deque.
@@ -85,7 +85,7 @@ from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.health import BreakerState, CircuitBreaker
 from kvstore_tiers.namespace import Namespace
 from kvstore_tiers.pool import IOPool, PoolJob
-from kvstore_tiers.presence import PresenceIndex
+from kvstore_tiers.presence import PresenceIndex, StoreReceipt
 from kvstore_tiers.ratelimit import RateLimitedLogger
 from kvstore_tiers.stats import TierMetrics, metric_definitions
 
@@ -110,7 +110,8 @@ class _Job(PoolJob):
     """
 
     __slots__ = ("cids", "deadline", "expired", "is_load", "keys", "landed", "outcomes",
-                 "reported", "req_id", "stored_bytes", "submit_time", "summary", "tier")
+                 "receipt", "reported", "req_id", "stored_bytes", "submit_time", "summary",
+                 "tier")
 
     def __init__(
         self, tier: KVStoreTier, job_id: int, *, is_load: bool, req_id: str,
@@ -134,6 +135,8 @@ class _Job(PoolJob):
         self.expired = False
         self.reported = False
         self.summary: _Summary | None = None
+        #: Stores: the presence index's receipt shared by this job's keys.
+        self.receipt: StoreReceipt | None = None
 
     def run(self, ctx: FrameCodec, start: int, stop: int) -> None:
         self.tier._run_slots(self, ctx, start, stop)
@@ -145,6 +148,11 @@ class _Job(PoolJob):
 
     def finish(self) -> None:
         self.summary = self.tier._summarise(self)
+        # Drop the per-slot lists here, on the I/O thread: the scheduler only
+        # reads the summary, and deallocating their ~50 objects there, cold
+        # in its cache, made up much of a job's completion cost. (``landed``
+        # stays: an expiring load reads it under ``lock``.)
+        self.outcomes, self.stored_bytes, self.cids = [], [], []
 
 
 @dataclass(slots=True)
@@ -169,10 +177,11 @@ class _Summary:
     def of(cls, job: _Job) -> _Summary:
         n = len(job.keys)
         # The common case in C (this runs holding the GIL the scheduler wants).
+        # ``ok`` is the job's own key list (never mutated): no copy.
         if job.is_load and job.outcomes.count(None) == n:
-            return cls(list(job.keys), [], frame_bytes=sum(job.stored_bytes))
+            return cls(job.keys, [], frame_bytes=sum(job.stored_bytes))
         if not job.is_load and job.outcomes.count(True) == n:
-            return cls(list(job.keys), [], written=n, frame_bytes=sum(job.stored_bytes))
+            return cls(job.keys, [], written=n, frame_bytes=sum(job.stored_bytes))
         s = cls([], [])
         for key, res, nbytes in zip(job.keys, job.outcomes, job.stored_bytes, strict=True):
             if not isinstance(res, BaseException):
@@ -292,7 +301,6 @@ class KVStoreTier(SecondaryTierManager):
         #: Load jobs reported failed at their deadline while an I/O thread still ran.
         self.load_timeouts = 0
         self._bounce_local = threading.local()
-        self._storing: set[bytes] = set()
         self._failed_by_req: dict[str, set[bytes]] = {}
         self._ready: deque[JobResult] = deque()
 
@@ -334,12 +342,15 @@ class KVStoreTier(SecondaryTierManager):
             failed = self._failed_by_req.get(req_context.req_id)
             if (failed and key in failed) or self.breaker.is_open:
                 return LookupResult.MISS
-            if key in self._presence:
+            if self._presence.stored(key):
                 return LookupResult.HIT
             found = self._lookup.lookup(key, req_context)
             if found is None:
                 return LookupResult.RETRY
-            return LookupResult.HIT if found else LookupResult.MISS
+            if not found:
+                return LookupResult.MISS
+            self._presence.add(key)  # known to exist: later lookups and stores skip the check
+            return LookupResult.HIT
         except Exception:
             logger.exception("kvstore tier %s: lookup failed; answering MISS", self.tier_type)
             return LookupResult.MISS
@@ -506,12 +517,10 @@ class KVStoreTier(SecondaryTierManager):
         if self._closed or not self.breaker.allow():
             self._fail_now(tj.job_id, tj, is_load)
             return
-        if not is_load and not (
-            self._presence.keys().isdisjoint(keys) and self._storing.isdisjoint(keys)
-        ):
-            # Skip blocks already stored or in flight.
-            presence, storing = self._presence, self._storing
-            todo = [i for i, k in enumerate(keys) if k not in presence and k not in storing]
+        if not is_load and not self._presence.keys().isdisjoint(keys):
+            # Skip blocks already stored or in flight (both are in the presence index).
+            presence = self._presence
+            todo = [i for i, k in enumerate(keys) if k not in presence]
             self.metrics.counters.objects_skipped += len(keys) - len(todo)
             keys = [keys[i] for i in todo]
             cids = [cids[i] for i in todo]
@@ -529,13 +538,16 @@ class KVStoreTier(SecondaryTierManager):
             batch=self.backend.max_batch,
         )
         if not is_load:
-            self._storing.update(keys)
+            # In the index at once (later stores of these keys skip), stored
+            # for lookups once the job's completion flips the receipt.
+            job.receipt = StoreReceipt()
+            self._presence.update(keys, job.receipt)
         if job.deadline is not None:
             self._deadlined[tj.job_id] = job
         if not self._pool.submit(job, is_load):
             self._deadlined.pop(tj.job_id, None)
-            if not is_load:
-                self._storing.difference_update(keys)
+            if job.receipt is not None:
+                self._presence.discard_receipt(keys, job.receipt)
             self._warn.warning(
                 "queue-full", "kvstore tier %s: I/O queue full (%d chunks); failing job",
                 self.tier_type, self._pool.queued_chunks,
@@ -697,7 +709,8 @@ class KVStoreTier(SecondaryTierManager):
             self._fail_loads(job.req_id, job.keys)
         else:
             self.metrics.counters.store_failures += len(job.keys)
-            self._storing.difference_update(job.keys)
+            if job.receipt is not None:
+                self._presence.discard_receipt(job.keys, job.receipt)
         return JobResult(job_id=job.job_id, success=False)
 
     def _complete(self, job: _Job) -> JobResult:
@@ -709,8 +722,12 @@ class KVStoreTier(SecondaryTierManager):
         elapsed = time.monotonic() - job.submit_time
         self.breaker.record(s.transient == 0)
         if not job.is_load:
-            self._storing.difference_update(job.keys)
-            self._presence.update(s.ok)
+            # No per-key work for stored keys (see kvstore_tiers.presence):
+            # the receipt makes all of them stored; failed ones are forgotten.
+            if job.receipt is not None:
+                job.receipt.done = True
+                if s.bad:
+                    self._presence.discard_receipt(s.bad, job.receipt)
             c.objects_skipped += s.existed
             c.objects_stored += s.written
             c.raw_bytes_written += s.written * row
@@ -726,7 +743,8 @@ class KVStoreTier(SecondaryTierManager):
                 self.events.append(s.event)
             return s.result
 
-        self._presence.update(s.ok)  # known to exist: later stores skip them
+        # Loaded keys are in the presence index already: stored by this
+        # process, or added when the existence check found them.
         c.objects_loaded += len(s.ok)
         c.raw_bytes_read += len(s.ok) * row
         c.stored_bytes_read += s.frame_bytes

@@ -189,6 +189,74 @@ def test_load_io_error_is_a_failed_key_not_an_exception(
     assert all((tmp_path / h.tiers[0].namespace.object_name(k)).exists() for k in keys)
 
 
+def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
+    harness_factory, tmp_path, monkeypatch
+) -> None:
+    """The presence index's contract for this process's own stores.
+
+    While a store is in flight a second store of its keys is skipped (no
+    duplicate write) and lookups do not answer HIT from the index (the object
+    is not there yet); once the job's completion is reported they answer HIT
+    at once; keys whose store failed are forgotten, so a later store writes
+    them.
+    """
+    from vllm.v1.kv_offload.base import ReqContext
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=8,
+                        chunk_bytes=ROW)
+    tier = h.tiers[0]
+    keys = make_keys(4, seed=31)
+    ctx = ReqContext(req_id="r1")
+    gate, real_writev = threading.Event(), os.writev
+
+    def gated_writev(fd, bufs):
+        assert gate.wait(30)
+        if len(bufs[1]) == ROW and bytes(bufs[1][:1]) == b"\x03":  # slot 3's row fails
+            raise OSError(errno.EIO, "Input/output error")
+        return real_writev(fd, bufs)
+
+    monkeypatch.setattr(os, "writev", gated_writev)
+    for i in range(4):
+        h.view[i] = i
+    with h.locked():
+        tier.submit_store(TransferJob(1, keys, np.arange(4), False, ctx))
+        tier.submit_store(TransferJob(2, keys[:2], np.arange(2), False, ctx))
+        done = list(tier.get_finished_jobs())
+        # Job 2's keys were all in flight: reported stored at once, nothing queued.
+        assert [(r.job_id, r.success) for r in done] == [(2, True)]
+        assert tier.counters.objects_skipped == 2
+        assert tier.lookup(keys[0], ctx) is not LookupResult.HIT  # not written yet
+    gate.set()
+    results: list = []
+    for _ in range(3000):
+        with h.locked():
+            results += tier.get_finished_jobs()
+        if results:
+            break
+        threading.Event().wait(0.01)
+    assert [(r.job_id, r.success) for r in results] == [(1, False)]
+    with h.locked():
+        # Reported: the three written keys hit from the index (no RETRY step),
+        # the failed one is forgotten.
+        fresh = ReqContext(req_id="r2")
+        assert [tier.lookup(k, fresh) for k in keys[:3]] == [HIT] * 3
+        assert keys[3] not in tier._presence
+        assert tier.counters.objects_stored == 3 and tier.counters.store_failures == 1
+        tier.submit_store(TransferJob(3, keys[3:], np.arange(3, 4), False, ctx))
+    monkeypatch.setattr(os, "writev", real_writev)
+    h.view[3] = 9
+    for _ in range(3000):
+        with h.locked():
+            results = list(tier.get_finished_jobs())
+        if results:
+            break
+        threading.Event().wait(0.01)
+    assert [(r.job_id, r.success) for r in results] == [(3, True)]
+    assert tier.counters.objects_stored == 4
+    assert len(_objects(tmp_path)) == 4
+
+
 def test_a_job_whose_completion_breaks_is_still_reported_failed(
     harness_factory, tmp_path, monkeypatch
 ) -> None:
