@@ -6,8 +6,9 @@ skip blocks already stored *or in flight*. Bounded: past ``capacity`` keys
 the oldest insertions are forgotten (a forgotten key just goes through the
 asynchronous existence check again, and a forgotten in-flight key can at
 worst be written twice, which the atomic publish makes harmless). Memory is
-about 100 bytes per key (a 36-byte key in a dict), so the default million
-keys stay around 100 MB.
+about 120 bytes per key (~50 for the dict and the FIFO, ~69 for the 36-byte
+key object; tests/faults/test_scale.py), so the default million keys stay
+around 120 MB.
 
 A key's value says what is known of it:
 
@@ -68,11 +69,7 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
 
     def add(self, key: bytes) -> None:
         """Remember ``key`` as stored."""
-        if self.capacity > 0:
-            self[key] = None
-            self._fifo.append(key)
-            if len(self._fifo) > self.capacity:
-                self._trim()
+        self.update((key,))
 
     def update(  # type: ignore[override]
         self, keys: Iterable[bytes], receipt: StoreReceipt | None = None
