@@ -83,8 +83,8 @@ class FrameHeader(NamedTuple):
     """A parsed frame header.
 
     A NamedTuple rather than a frozen dataclass: one is parsed per block
-    loaded, on an I/O thread holding the GIL, and a frozen dataclass's
-    ``__init__`` costs ~3 us there against ~0.5 us.
+    loaded, on an I/O thread holding the GIL, and a frozen dataclass of these
+    nine fields takes ~1.6 us to build against ~0.3 us (timeit, build VM).
     """
 
     codec: int

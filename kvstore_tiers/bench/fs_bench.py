@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from kvstore_tiers import samples
-from kvstore_tiers.bench.pairing import balanced_ratio, even_rounds
+from kvstore_tiers.bench.pairing import balanced_ratio, even_rounds, round_ratios
 from kvstore_tiers.harness import Harness, build_harness, make_keys
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -367,8 +367,7 @@ def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
             for op in ("store", "load"):
                 # Paired and balanced for position (kvstore_tiers.bench.pairing).
                 row[f"{op}_ratio"] = balanced_ratio(per["kvstore"][op], per["vllm"][op])
-                row[f"{op}_ratios"] = [round(a / b, 3) for a, b in zip(
-                    per["kvstore"][op], per["vllm"][op], strict=True)]
+                row[f"{op}_ratios"] = round_ratios(per["kvstore"][op], per["vllm"][op])
             row["load_vs_disk_read"] = row["kvstore_load_gbps"] / result["disk"][chunk]["read_gbps"]
             row["store_vs_disk_write"] = (row["kvstore_store_gbps"]
                                           / result["disk"][chunk]["write_gbps"])

@@ -21,6 +21,11 @@ def even_rounds(rounds: int) -> int:
     return rounds + rounds % 2 if rounds > 1 else rounds
 
 
+def round_ratios(ours: Sequence[float], base: Sequence[float]) -> list[float]:
+    """Each round's ``ours[r] / base[r]``, rounded for reports."""
+    return [round(a / b, 3) for a, b in zip(ours, base, strict=True)]
+
+
 def balanced_ratio(ours: Sequence[float], base: Sequence[float]) -> float:
     """Median over AB/BA round pairs of the geometric mean of the pair's ratios.
 

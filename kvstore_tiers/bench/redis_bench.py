@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from kvstore_tiers import samples
-from kvstore_tiers.bench.pairing import balanced_ratio, even_rounds
+from kvstore_tiers.bench.pairing import balanced_ratio, even_rounds, round_ratios
 
 MiB = 1 << 20
 DEFAULT_SAMPLES = samples.default_dir()
@@ -299,8 +299,7 @@ def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
         for suffix, base in (("", bench), ("_keys", bench_keys)):
             ours, theirs = [t[op] for t in tier], [b[base_op] for b in base]
             out[f"{op}_ratio{suffix}"] = balanced_ratio(ours, theirs)
-            out[f"{op}_ratios{suffix}"] = [round(a / b, 3) for a, b in zip(
-                ours, theirs, strict=True)]
+            out[f"{op}_ratios{suffix}"] = round_ratios(ours, theirs)
     return out
 
 
