@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
+
+import pytest
 
 from kvstore_tiers.pool import IOPool, PoolJob
 
@@ -73,6 +76,26 @@ def test_one_jobs_chunks_move_in_parallel() -> None:
         assert sorted(log) == ["c0", "c1", "c2", "c3"]
         assert not job.barrier.broken  # type: ignore[union-attr]
         assert job.finished_calls == 1
+    finally:
+        pool.shutdown()
+
+
+def test_a_burst_of_jobs_reaches_every_thread() -> None:
+    """Jobs queued back to back (as vLLM's scheduler queues one per request in
+    a step) all run at once: coalescing their wake-ups into one loses none."""
+    pool = IOPool(6, 0, 100, ctx_factory=lambda: None)
+    log: list[str] = []
+    barrier = threading.Barrier(6)
+    jobs = [_Job(i, [f"j{i}"], log, barrier=barrier) for i in range(6)]
+    try:
+        for job in jobs:
+            assert pool.submit(job, is_load=True)
+        assert sorted(_drain(pool)) == list(range(6))
+        assert not barrier.broken  # all six ran at the same time
+        # Idle again: a later job still wakes a sleeper.
+        assert pool.submit(_Job(9, ["late"], log), is_load=True)
+        assert _drain(pool) == [9]
+        assert sorted(log) == ["j0", "j1", "j2", "j3", "j4", "j5", "late"]
     finally:
         pool.shutdown()
 
@@ -175,3 +198,61 @@ def test_load_threads_leave_stores_to_store_threads() -> None:
         assert log.index("load") < log.index("store-queued")
     finally:
         pool.shutdown()
+
+
+def _wait_for(cond: Any, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
+
+
+@pytest.mark.parametrize("store_threads", [2, 0])
+def test_stores_flowing_are_polled_for_not_woken(store_threads: int) -> None:
+    """While stores flow, submitting one posts no wake-up (the scheduler
+    thread's costliest step) and it still starts within the poll period;
+    once they stop for ``store_linger_s`` the workers block again and a
+    store wakes one as before. With no store threads a load thread polls."""
+    pool = IOPool(2, store_threads, 100, ctx_factory=lambda: None,
+                  store_poll_s=0.005, store_linger_s=0.3)
+    pollers = pool._store_pollers
+    log: list[str] = []
+    try:
+        first = _Job(1, ["s1"], log)
+        assert pool.submit(first, is_load=False)
+        assert first.started.wait(10)
+        assert _wait_for(lambda: pool._store_poller)  # an idle worker now polls
+        second = _Job(2, ["s2"], log)
+        assert pool.submit(second, is_load=False)
+        assert pollers.wake.qsize() == 0  # no token posted for it ...
+        assert second.started.wait(10)  # ... and it runs all the same
+        # A load is still woken for at once, poller or not.
+        load = _Job(3, ["l"], log)
+        assert pool.submit(load, is_load=True)
+        assert load.started.wait(10)
+        # Stores stop: after the linger nobody polls; a store wakes a sleeper.
+        assert _wait_for(lambda: not pool._store_poller and pollers.sleeping > 0)
+        time.sleep(0.05)
+        assert not pool._store_poller
+        third = _Job(4, ["s3"], log)
+        assert pool.submit(third, is_load=False)
+        assert third.started.wait(10)
+        assert sorted(_drain(pool)) == [1, 2, 3, 4]
+        assert sorted(log) == ["l", "s1", "s2", "s3"]
+    finally:
+        pool.shutdown()
+
+
+def test_shutdown_stops_a_polling_worker() -> None:
+    pool = IOPool(1, 1, 100, ctx_factory=lambda: None, name="kvstore_poll",
+                  store_poll_s=5.0, store_linger_s=60.0)
+    job = _Job(1, ["s"], [])
+    assert pool.submit(job, is_load=False)
+    assert job.started.wait(10)
+    assert _wait_for(lambda: pool._store_poller)
+    t0 = time.monotonic()
+    pool.shutdown()  # a token ends the 5 s poll at once
+    assert time.monotonic() - t0 < 2.0
+    assert not [t for t in threading.enumerate() if t.name.startswith("kvstore_poll")]
