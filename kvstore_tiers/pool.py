@@ -20,13 +20,12 @@ for them, so their job still completes and reports.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from queue import Empty, SimpleQueue
+from queue import SimpleQueue
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -299,11 +298,14 @@ class IOPool:
                 else:
                     group.sleeping += 1
             if poll:
-                # Not counted as sleeping, so no token is posted for the
-                # poller; one it takes instead of a sleeper (a load's, or
-                # shutdown's) sends it to look at the queues all the same.
-                with contextlib.suppress(Empty):
-                    group.wake.get(timeout=self._store_poll_s)
+                # A plain sleep, not ``wake.get(timeout=...)``: with other
+                # threads blocked on the same SimpleQueue, CPython 3.11's
+                # timed get can block for good (seen once in four bench
+                # runs: it can take the queue's lock after its deadline and
+                # then wait with a negative, i.e. endless, timeout). The
+                # poller is not counted as sleeping, so no token is meant
+                # for it; shutdown finds it within one period.
+                time.sleep(self._store_poll_s)
                 with self._lock:
                     self._store_poller = False
                 continue
