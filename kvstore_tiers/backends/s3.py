@@ -422,7 +422,10 @@ class S3Backend(Backend):
         loop = self._loop
         if loop is None:
             return [classify(TransientError("s3 backend is closed"))] * len(items)
-        landed: queue.SimpleQueue[tuple[int, bytes | BaseException]] = queue.SimpleQueue()
+        # queue.Queue, not SimpleQueue: CPython 3.11's SimpleQueue.get(timeout=)
+        # can wait past its deadline (see kvstore_tiers.pool), and this
+        # timeout is the batch's request_deadline_s.
+        landed: queue.Queue[tuple[int, bytes | BaseException]] = queue.Queue()
 
         async def one(i: int, key: str) -> None:
             try:
