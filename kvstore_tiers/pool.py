@@ -119,11 +119,11 @@ class IOPool:
     always woken for at once. A store only needs to start soon, so for
     ``store_linger_s`` after the last store was taken, one idle worker that
     serves the store queue polls it every ``store_poll_s`` instead of
-    blocking (``_store_poller``), and ``submit`` does not wake anyone for a
+    blocking (``_polling_stores``), and ``submit`` does not wake anyone for a
     store while it does. A store waits at most ``store_poll_s`` to start;
     the poller's wake-ups cost the process ~1/``store_poll_s`` GIL
     acquisitions a second while stores flow, none once they stop. Same
-    ordering argument: the poller clears ``_store_poller`` before it counts
+    ordering argument: the poller clears ``_polling_stores`` before it counts
     itself as sleeping and takes its last look, and ``submit`` reads it
     after its append.
     """
@@ -150,10 +150,10 @@ class IOPool:
         self._store_servers = (self._storers, self._loaders) if loaders_store \
             else (self._storers,)
         #: The group whose idle worker polls the store queue (see the class doc).
-        self._store_pollers = self._loaders if loaders_store else self._storers
+        self._store_poll_group = self._loaders if loaders_store else self._storers
         self._store_poll_s = store_poll_s
         self._store_linger_s = store_linger_s
-        self._store_poller = False  # a worker is polling the store queue (under _lock)
+        self._polling_stores = False  # a worker is polling the store queue (under _lock)
         self._last_store_taken = float("-inf")  # monotonic (under _lock)
         self._lock = threading.Lock()  # workers (and cancel/wait_idle); never in submit
         self._all_done = threading.Condition(self._lock)  # wait_idle waits here
@@ -202,7 +202,7 @@ class IOPool:
             self._wake_one(self._load_servers)
         else:
             self._store_q.append(job)
-            if not self._store_poller:
+            if not self._polling_stores:
                 self._wake_one(self._store_servers)
         return True
 
@@ -291,10 +291,10 @@ class IOPool:
                         elif self._store_q:
                             self._wake_one(self._store_servers)
                         return job, start, stop
-                poll = (group is self._store_pollers and not self._store_poller
+                poll = (group is self._store_poll_group and not self._polling_stores
                         and time.monotonic() - self._last_store_taken < self._store_linger_s)
                 if poll:
-                    self._store_poller = True
+                    self._polling_stores = True
                 else:
                     group.sleeping += 1
             if poll:
@@ -307,7 +307,7 @@ class IOPool:
                 # for it; shutdown finds it within one period.
                 time.sleep(self._store_poll_s)
                 with self._lock:
-                    self._store_poller = False
+                    self._polling_stores = False
                 continue
             # Last look after counting ourselves as sleeping (see the class doc).
             if not (self._stop or any(group.queues)):

@@ -217,25 +217,25 @@ def test_stores_flowing_are_polled_for_not_woken(store_threads: int) -> None:
     store wakes one as before. With no store threads a load thread polls."""
     pool = IOPool(2, store_threads, 100, ctx_factory=lambda: None,
                   store_poll_s=0.005, store_linger_s=0.3)
-    pollers = pool._store_pollers
+    poll_group = pool._store_poll_group
     log: list[str] = []
     try:
         first = _Job(1, ["s1"], log)
         assert pool.submit(first, is_load=False)
         assert first.started.wait(10)
-        assert _wait_for(lambda: pool._store_poller)  # an idle worker now polls
+        assert _wait_for(lambda: pool._polling_stores)  # an idle worker now polls
         second = _Job(2, ["s2"], log)
         assert pool.submit(second, is_load=False)
-        assert pollers.wake.qsize() == 0  # no token posted for it ...
+        assert poll_group.wake.qsize() == 0  # no token posted for it ...
         assert second.started.wait(10)  # ... and it runs all the same
         # A load is still woken for at once, poller or not.
         load = _Job(3, ["l"], log)
         assert pool.submit(load, is_load=True)
         assert load.started.wait(10)
         # Stores stop: after the linger nobody polls; a store wakes a sleeper.
-        assert _wait_for(lambda: not pool._store_poller and pollers.sleeping > 0)
+        assert _wait_for(lambda: not pool._polling_stores and poll_group.sleeping > 0)
         time.sleep(0.05)
-        assert not pool._store_poller
+        assert not pool._polling_stores
         third = _Job(4, ["s3"], log)
         assert pool.submit(third, is_load=False)
         assert third.started.wait(10)
@@ -251,7 +251,7 @@ def test_shutdown_stops_a_polling_worker() -> None:
     job = _Job(1, ["s"], [])
     assert pool.submit(job, is_load=False)
     assert job.started.wait(10)
-    assert _wait_for(lambda: pool._store_poller)
+    assert _wait_for(lambda: pool._polling_stores)
     t0 = time.monotonic()
     pool.shutdown()  # the poller sees the stop within one period
     assert time.monotonic() - t0 < 2.0
