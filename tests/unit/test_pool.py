@@ -252,8 +252,8 @@ def test_shutdown_stops_a_polling_worker() -> None:
     assert pool.submit(job, is_load=False)
     assert job.started.wait(10)
     assert _wait_for(lambda: pool._polling_stores)
-    t0 = time.monotonic()
-    pool.shutdown()  # the poller sees the stop within one period
-    assert time.monotonic() - t0 < 2.0
+    # The poller sees the stop within one period; one that missed it would
+    # keep shutdown's join waiting until pytest-timeout fails the test.
+    pool.shutdown()
     assert not [t for t in threading.enumerate() if t.name.startswith("kvstore_poll")]
 
