@@ -118,8 +118,11 @@ class RespProxy:
                     if n is None:
                         break
                     buf = buf[n:]
+                    # Counted before it is sent: the client may act on the
+                    # reply (and a test read the count) before sendall returns.
+                    with self._lock:
+                        self.replies += 1
                     c.sendall(LOADING)
-                    self.replies += 1
         except OSError:
             return
 
