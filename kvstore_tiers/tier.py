@@ -59,7 +59,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -85,7 +85,7 @@ from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.health import BreakerState, CircuitBreaker
 from kvstore_tiers.namespace import Namespace
 from kvstore_tiers.pool import IOPool, PoolJob
-from kvstore_tiers.presence import PresenceIndex, StoreReceipt
+from kvstore_tiers.presence import PresenceIndex
 from kvstore_tiers.ratelimit import RateLimitedLogger
 from kvstore_tiers.stats import TierMetrics, metric_definitions
 
@@ -107,15 +107,23 @@ class _Job(PoolJob):
     ``False`` stored/existed, or the backend error) and ``stored_bytes[s]``;
     the thread that finishes the job condenses them into ``summary``, so the
     scheduler thread applies a finished job with a few bulk operations.
+
+    Built on vLLM's scheduler thread, so it allocates as little as it can
+    there (see :class:`~kvstore_tiers.pool.PoolJob`): ``keys`` is vLLM's own
+    key list (vLLM reads it again when the job completes, so nobody mutates
+    it meanwhile), the per-slot lists are made by :meth:`start` on an I/O
+    thread, and a store job is its own presence-index receipt (``done``).
+    Only a load with a deadline gets its ``lock`` and ``landed`` at once:
+    the scheduler may expire it before any I/O thread took it.
     """
 
-    __slots__ = ("cids", "deadline", "expired", "is_load", "keys", "landed", "outcomes",
-                 "receipt", "reported", "req_id", "stored_bytes", "submit_time", "summary",
+    __slots__ = ("cids", "deadline", "done", "expired", "is_load", "keys", "landed", "lock",
+                 "outcomes", "reported", "req_id", "stored_bytes", "submit_time", "summary",
                  "tier")
 
     def __init__(
         self, tier: KVStoreTier, job_id: int, *, is_load: bool, req_id: str,
-        keys: list[bytes], cids: list[int], submit_time: float, deadline: float | None,
+        keys: Sequence[bytes], cids: Sequence[int], submit_time: float, deadline: float | None,
         batch: int,
     ) -> None:
         super().__init__(job_id, len(keys), batch)
@@ -124,27 +132,33 @@ class _Job(PoolJob):
         self.req_id = req_id
         self.keys = keys
         self.cids = cids
-        n = len(keys)
-        self.outcomes: list[Any] = [None] * n
-        self.stored_bytes = [0] * n  # frame bytes moved, per slot
+        self.outcomes: list[Any] | tuple[()] = ()  # made by start()
+        self.stored_bytes: list[int] | tuple[()] = ()  # frame bytes moved, per slot
         self.submit_time = submit_time
         self.deadline = deadline
         # Deadline protocol (module docstring): ``landed[slot]`` and ``expired``
         # change only under ``lock``; ``reported`` is scheduler-thread only.
-        self.landed = [False] * n if deadline is not None else []
+        self.lock = threading.Lock() if deadline is not None else None
+        self.landed: list[bool] | tuple[()] = [False] * len(keys) if deadline is not None else ()
         self.expired = False
         self.reported = False
         self.summary: _Summary | None = None
-        #: Stores: the presence index's receipt shared by this job's keys.
-        self.receipt: StoreReceipt | None = None
+        #: Stores: this job is the presence index's receipt for its keys.
+        self.done = False
+
+    def start(self) -> None:
+        n = self.n_slots
+        self.outcomes = [None] * n
+        self.stored_bytes = [0] * n
 
     def run(self, ctx: FrameCodec, start: int, stop: int) -> None:
         self.tier._run_slots(self, ctx, start, stop)
 
     def cancel(self, start: int, stop: int) -> None:
         err = TransientError("cancelled before it started (drain or shutdown)")
+        outcomes = self.outcomes
         for s in range(start, stop):
-            self.outcomes[s] = err
+            outcomes[s] = err
 
     def finish(self) -> None:
         self.summary = self.tier._summarise(self)
@@ -152,7 +166,15 @@ class _Job(PoolJob):
         # reads the summary, and deallocating their ~50 objects there, cold
         # in its cache, made up much of a job's completion cost. (``landed``
         # stays: an expiring load reads it under ``lock``.)
-        self.outcomes, self.stored_bytes, self.cids = [], [], []
+        self.outcomes, self.stored_bytes, self.cids = (), (), ()
+
+    def release(self) -> None:
+        """Scheduler thread, once reported: drop what a receipt need not keep.
+
+        A store job stays referenced by the presence index as its keys'
+        receipt; only ``done`` matters then.
+        """
+        self.keys, self.summary = (), None
 
 
 @dataclass(slots=True)
@@ -502,7 +524,8 @@ class KVStoreTier(SecondaryTierManager):
     def _submit(self, tj: TransferJob, is_load: bool) -> None:
         # Scheduler thread: keep this to bulk operations; the I/O threads
         # split the job, name the objects and condense the outcomes.
-        keys = list(tj.keys)
+        # vLLM's own list, not a copy (see _Job); any other collection is copied.
+        keys = tj.keys if type(tj.keys) is list else list(tj.keys)
         cids = tj.chunk_ids
         cids = cids.tolist() if isinstance(cids, np.ndarray) else [int(c) for c in cids]
         if len(cids) != len(keys) or (
@@ -539,15 +562,14 @@ class KVStoreTier(SecondaryTierManager):
         )
         if not is_load:
             # In the index at once (later stores of these keys skip), stored
-            # for lookups once the job's completion flips the receipt.
-            job.receipt = StoreReceipt()
-            self._presence.update(keys, job.receipt)
+            # for lookups once the job's completion sets its ``done``.
+            self._presence.update(keys, job)
         if job.deadline is not None:
             self._deadlined[tj.job_id] = job
         if not self._pool.submit(job, is_load):
             self._deadlined.pop(tj.job_id, None)
-            if job.receipt is not None:
-                self._presence.discard_receipt(keys, job.receipt)
+            if not is_load:
+                self._presence.discard_receipt(keys, job)
             self._warn.warning(
                 "queue-full", "kvstore tier %s: I/O queue full (%d chunks); failing job",
                 self.tier_type, self._pool.queued_chunks,
@@ -621,6 +643,7 @@ class KVStoreTier(SecondaryTierManager):
                 if isinstance(err, ObjectCorrupt):
                     self._remove_corrupt(item.name)
                 continue
+            assert job.lock is not None  # a deadlined job has one from the start
             with job.lock:  # see the deadline protocol in the module docstring
                 if job.expired:
                     job.outcomes[s] = late
@@ -635,6 +658,7 @@ class KVStoreTier(SecondaryTierManager):
         After the lock is released no I/O thread writes this job's rows again;
         rows that landed before are reported as loaded.
         """
+        assert job.lock is not None  # only loads with a deadline expire
         with job.lock:
             job.expired = True
             landed = list(job.landed)
@@ -709,8 +733,8 @@ class KVStoreTier(SecondaryTierManager):
             self._fail_loads(job.req_id, job.keys)
         else:
             self.metrics.counters.store_failures += len(job.keys)
-            if job.receipt is not None:
-                self._presence.discard_receipt(job.keys, job.receipt)
+            self._presence.discard_receipt(job.keys, job)
+            job.release()
         return JobResult(job_id=job.job_id, success=False)
 
     def _complete(self, job: _Job) -> JobResult:
@@ -723,11 +747,11 @@ class KVStoreTier(SecondaryTierManager):
         self.breaker.record(s.transient == 0)
         if not job.is_load:
             # No per-key work for stored keys (see kvstore_tiers.presence):
-            # the receipt makes all of them stored; failed ones are forgotten.
-            if job.receipt is not None:
-                job.receipt.done = True
-                if s.bad:
-                    self._presence.discard_receipt(s.bad, job.receipt)
+            # the job, their receipt, makes all of them stored; failed ones
+            # are forgotten.
+            job.done = True
+            if s.bad:
+                self._presence.discard_receipt(s.bad, job)
             c.objects_skipped += s.existed
             c.objects_stored += s.written
             c.raw_bytes_written += s.written * row
@@ -741,7 +765,9 @@ class KVStoreTier(SecondaryTierManager):
                 )
             if s.event is not None and self.events is not None:
                 self.events.append(s.event)
-            return s.result
+            result = s.result
+            job.release()
+            return result
 
         # Loaded keys are in the presence index already: stored by this
         # process, or added when the existence check found them.

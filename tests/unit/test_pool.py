@@ -23,6 +23,12 @@ class _Job(PoolJob):
         self.batches: list[tuple[int, int]] = []
         self.finished_calls = 0
         self.started = threading.Event()
+        #: (thread, slots run or cancelled so far) at each start() call.
+        self.start_calls: list[tuple[threading.Thread, int]] = []
+
+    def start(self) -> None:
+        self.start_calls.append((threading.current_thread(),
+                                 len(self.batches) + len(self.cancelled)))
 
     def run(self, ctx: Any, start: int, stop: int) -> None:
         self.batches.append((start, stop))
@@ -145,6 +151,8 @@ def test_cancelled_chunks_still_complete_their_job() -> None:
         assert pool.submit(queued, is_load=False)
         assert pool.cancel_queued() == 3
         assert queued.cancelled == ["q0", "q1", "q2"]
+        # Never taken, so started by the cancelling thread, before its cancel.
+        assert queued.start_calls == [(threading.current_thread(), 0)]
         gate.set()
         assert sorted(_drain(pool)) == [0, 1]
         assert log == ["b"]  # cancelled chunks never ran
@@ -167,6 +175,25 @@ def test_a_job_cut_mid_way_reports_once() -> None:
         assert _drain(pool) == [5]
         assert log == ["a"] and job.cancelled == ["b", "c", "d"]
         assert job.finished_calls == 1
+    finally:
+        pool.shutdown()
+
+
+def test_a_job_is_started_once_on_an_io_thread_before_its_slots() -> None:
+    """Per-slot state is made off the submitting (scheduler) thread, before any slot runs."""
+    pool = IOPool(3, 2, 100, ctx_factory=lambda: None)
+    log: list[str] = []
+    jobs = [_Job(i, [f"{i}.{s}" for s in range(5)], log, batch=2) for i in range(6)]
+    try:
+        for i, job in enumerate(jobs):
+            assert pool.submit(job, is_load=i % 2 == 0)
+        assert sorted(_drain(pool)) == list(range(6))
+        for job in jobs:
+            assert len(job.start_calls) == 1
+            thread, slots_before = job.start_calls[0]
+            assert slots_before == 0
+            assert thread is not threading.current_thread()
+            assert thread.name.startswith("kvstore_io")
     finally:
         pool.shutdown()
 
