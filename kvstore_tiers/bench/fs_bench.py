@@ -223,6 +223,8 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
     #: Per call: (seconds, chunks moved, whether a cyclic-GC pass ran inside it).
     samples: dict[str, list[tuple[float, int, bool]]] = {
         m: [] for m in ("submit_store", "submit_load", "lookup", "get_finished_jobs")}
+    #: Per call without a GC pass: net GC-tracked objects it left allocated.
+    net_allocs: dict[str, list[int]] = {m: [] for m in samples}
     originals = {m: getattr(tier, m) for m in samples}
 
     job_chunks_by_id: dict[int, int] = {}
@@ -235,15 +237,24 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
         @functools.wraps(fn)
         def wrapper(*a: Any) -> Any:
             g0 = gc_passes[0]
+            n0 = gc.get_count()[0]
             t0 = time.perf_counter()
             out = fn(*a)
             if name == "get_finished_jobs":
                 out = list(out)
             dt = time.perf_counter() - t0
+            n1 = gc.get_count()[0]
             # Python's cyclic GC ran inside this call: it collects the whole
             # process's garbage and starts in whichever thread allocates past
             # the threshold. Kept in p99, left out of p99 "no GC".
             gc_ran = gc_passes[0] != g0
+            if not gc_ran:
+                # Allocations minus frees of GC-tracked objects (a pass resets
+                # the counter): a pass starts every gc.get_threshold()[0] net
+                # allocations, so this is the call's share of them. I/O threads
+                # allocate too, but rarely inside a call of microseconds that
+                # holds the GIL throughout.
+                net_allocs[name].append(n1 - n0)
             # Per chunk: a submit's keys; a poll's chunks are those of the jobs
             # it reported (vLLM may send 1-chunk jobs to one tier, 16 to
             # another); a poll that reported nothing moved none (left out of
@@ -306,7 +317,9 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
                         "p99_us_per_chunk": pct(per_chunk, 99),
                         "gc_calls": len(xs) - len(no_gc),
                         "p99_us_no_gc": pct([t for t, _ in no_gc], 99),
-                        "p99_us_per_chunk_no_gc": pct([t / c for t, c in no_gc if c], 99)}
+                        "p99_us_per_chunk_no_gc": pct([t / c for t, c in no_gc if c], 99),
+                        "net_gc_allocs": float(np.mean(net_allocs[name]))
+                        if net_allocs[name] else float("nan")}
     # A poll that reported nothing does well under a microsecond of work: its
     # p99 is this machine's own noise on the scheduler thread (interrupts and
     # the hypervisor, charged to whatever runs), in the same run.
@@ -479,13 +492,15 @@ def print_report(result: dict[str, Any]) -> None:
         )
     console.print(t)
     s = Table(title="scheduler-thread time, us (16-chunk jobs, ~1,000 chunks in flight)")
-    for col in ("method", "tier", "calls", "p50", "p99", "p50/chunk", "p99/chunk"):
+    for col in ("method", "tier", "calls", "p50", "p99", "p50/chunk", "p99/chunk",
+                "calls with GC", "GC allocs/call"):
         s.add_column(col, justify="right")
     for kind, methods in result["scheduler"].items():
         for name, m in methods.items():
             s.add_row(name, kind, str(m["calls"]), f"{m['p50_us']:.1f}", f"{m['p99_us']:.1f}",
                       f"{m.get('p50_us_per_chunk', float('nan')):.2f}",
-                      f"{m.get('p99_us_per_chunk', float('nan')):.2f}")
+                      f"{m.get('p99_us_per_chunk', float('nan')):.2f}",
+                      str(m.get("gc_calls", "")), f"{m.get('net_gc_allocs', float('nan')):.0f}")
     console.print(s)
 
 
