@@ -81,11 +81,24 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
         forgetting the oldest past ``capacity``."""
         if self.capacity <= 0:
             return
-        batch = dict.fromkeys(keys, receipt)
-        super().update(batch)
-        self._fifo.extend(batch)
-        if len(self._fifo) > self.capacity:
+        # A plain loop: on the scheduler thread every temporary container
+        # (a batch dict, its iterator, a super() proxy) counts towards the
+        # next cyclic-GC pass while it lives; this allocates one iterator.
+        fifo = self._fifo
+        for key in keys:
+            self[key] = receipt
+            fifo.append(key)
+        if len(fifo) > self.capacity:
             self._trim()
+
+    def holds_any(self, keys: Iterable[bytes]) -> bool:
+        """True if any of ``keys`` is in the index (stored or in flight)."""
+        # A loop, not any(<generator>) or keys().isdisjoint(): those
+        # allocate a generator or a view besides the iterator.
+        for key in keys:  # noqa: SIM110
+            if key in self:
+                return True
+        return False
 
     def discard(self, key: bytes) -> None:
         self.pop(key, None)

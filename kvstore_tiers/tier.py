@@ -126,7 +126,7 @@ class _Job(PoolJob):
         keys: Sequence[bytes], cids: Sequence[int], submit_time: float, deadline: float | None,
         batch: int,
     ) -> None:
-        super().__init__(job_id, len(keys), batch)
+        PoolJob.__init__(self, job_id, len(keys), batch)  # not super(): one object less
         self.tier = tier
         self.is_load = is_load
         self.req_id = req_id
@@ -540,13 +540,8 @@ class KVStoreTier(SecondaryTierManager):
         if self._closed or not self.breaker.allow():
             self._fail_now(tj.job_id, tj, is_load)
             return
-        if not is_load and not self._presence.keys().isdisjoint(keys):
-            # Skip blocks already stored or in flight (both are in the presence index).
-            presence = self._presence
-            todo = [i for i, k in enumerate(keys) if k not in presence]
-            self.metrics.counters.objects_skipped += len(keys) - len(todo)
-            keys = [keys[i] for i in todo]
-            cids = [cids[i] for i in todo]
+        if not is_load and self._presence.holds_any(keys):
+            keys, cids = self._drop_present(keys, cids)
         if not keys:
             self._ready.append(JobResult(job_id=tj.job_id, success=True, transfer_time=0.0))
             return
@@ -575,6 +570,19 @@ class KVStoreTier(SecondaryTierManager):
                 self.tier_type, self._pool.queued_chunks,
             )
             self._fail_now(tj.job_id, tj, is_load)
+
+    def _drop_present(self, keys: Sequence[bytes], cids: list[int]
+                      ) -> tuple[list[bytes], list[int]]:
+        """Scheduler thread: skip blocks already stored or in flight (both in the index).
+
+        Its own method, not inline in ``_submit``: a comprehension over
+        ``_submit``'s locals makes them cells, three objects ``_submit``
+        would allocate on every call.
+        """
+        presence = self._presence
+        todo = [i for i, k in enumerate(keys) if k not in presence]
+        self.metrics.counters.objects_skipped += len(keys) - len(todo)
+        return [keys[i] for i in todo], [cids[i] for i in todo]
 
     def _row(self, chunk_id: int) -> memoryview:
         assert self._flat is not None
