@@ -210,13 +210,24 @@ def promote_all(h: Harness, reqs: list[tuple[Any, list[bytes]]]) -> tuple[int, i
 
 # --------------------------------------------------------- scheduler-thread time
 def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight: int,
-                   waves: int = 16) -> dict[str, dict[str, float]]:
+                   waves: int = 16, gc_phase_seed: int | None = None
+                   ) -> dict[str, dict[str, float]]:
     """p50/p99 microseconds of the tier methods vLLM calls, per call and per chunk.
 
     ``waves`` rounds of: queue ``in_flight`` chunks of stores at once (jobs of
     ``job_chunks``), let them finish, forget the primary, promote them all
     back. Several waves, because a p99 over one wave's 64 store jobs is
     nothing but its maximum.
+
+    ``gc_phase_seed``: every wave repeats the same allocations, and forgetting
+    the primary frees enough to bring CPython's gen-0 counter to the same
+    value before each wave, so a cyclic-GC pass starts at the same point of
+    every wave and lands in the same call, 16 times or never: a lottery on
+    which method's allocation is 700th. In an engine, whose steps allocate
+    varying amounts, that point falls anywhere. With a seed, each wave
+    starts with a random number (0 to the threshold) of extra young objects,
+    held until the wave ends, so the pass falls anywhere too and each
+    method takes its share of passes by its share of allocations.
     """
     h = build_harness([_tier_cfg(kind, root)], num_chunks=in_flight * 2, chunk_bytes=chunk)
     tier = h.tiers[0]
@@ -273,7 +284,10 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
         for m, fn in originals.items():
             setattr(tier, m, timed(m, fn))
         rows = np.random.default_rng(1).integers(0, 256, (job_chunks, chunk), dtype=np.uint8)
+        phase_rng = np.random.default_rng(gc_phase_seed)
         for wave in range(waves):
+            phase = ([[] for _ in range(int(phase_rng.integers(0, gc.get_threshold()[0])))]
+                     if gc_phase_seed is not None else [])
             keys = make_keys(in_flight, seed=77 + wave)
             ctx = h.new_request()
             jobs = [keys[s:s + job_chunks] for s in range(0, in_flight, job_chunks)]
@@ -298,6 +312,7 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
             for c in ctxs:
                 h.finish_request(c)
             h.forget_primary()
+            del phase
     finally:
         gc.callbacks.remove(count_gc)
         for m, fn in originals.items():
@@ -345,7 +360,7 @@ def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
     register()  # makes "vllm_fs" available next to our "fs"
     rounds = even_rounds(rounds)
     result: dict[str, Any] = {"directory": str(directory), "rounds": rounds, "throughput": [],
-                              "disk": {}, "scheduler": {}}
+                              "disk": {}, "scheduler": {}, "scheduler_gc_random_phase": {}}
     for chunk in chunk_sizes:
         n = window_chunks(chunk, total_bytes)
         threads = 8
@@ -389,14 +404,20 @@ def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
                 f"{k}={v:.3f}" for k, v in row.items() if isinstance(v, float)))
             if on_row is not None:
                 on_row(row)
-    for kind in TIERS:
-        root = Path(tempfile.mkdtemp(prefix=f"bench-sched-{kind}-", dir=directory))
-        try:
-            result["scheduler"][kind] = scheduler_cost(kind, root, 256 * KiB, 16,
-                                                       scheduler_in_flight)
-        finally:
-            shutil.rmtree(root, ignore_errors=True)
-        progress(f"scheduler-thread cost ({kind}): {result['scheduler'][kind]}")
+    # The harness as it is (the GC's phase fixed by the waves), then with the
+    # phase drawn at random per wave (see scheduler_cost), same seed for both tiers.
+    # 32 random waves: a pass lands in a few calls of a thousand, so the
+    # count of them is what needs the samples.
+    for section, seed, waves in (("scheduler", None, 16), ("scheduler_gc_random_phase", 5, 32)):
+        for kind in TIERS:
+            root = Path(tempfile.mkdtemp(prefix=f"bench-sched-{kind}-", dir=directory))
+            try:
+                result[section][kind] = scheduler_cost(kind, root, 256 * KiB, 16,
+                                                       scheduler_in_flight, waves=waves,
+                                                       gc_phase_seed=seed)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+            progress(f"scheduler-thread cost ({kind}, {section}): {result[section][kind]}")
     if samples_dir is not None and (samples_dir / "kv-samples.json").exists():
         root = Path(tempfile.mkdtemp(prefix="bench-codec-", dir=directory))
         try:

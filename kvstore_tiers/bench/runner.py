@@ -47,8 +47,8 @@ class BenchPlan:
                    s3_blocks=32, **kw)
 
     def fs_steps(self) -> int:
-        # per chunk: disk + (1, 4 requests); then scheduler x2; then compression
-        return len(self.chunk_kib) * 3 + 2 + (1 if self.samples_dir else 0)
+        # per chunk: disk + (1, 4 requests); then scheduler x2, twice; then compression
+        return len(self.chunk_kib) * 3 + 4 + (1 if self.samples_dir else 0)
 
 
 def machine_info() -> dict[str, Any]:
@@ -63,6 +63,31 @@ def machine_info() -> dict[str, Any]:
     except Exception:  # a report without the version is still a report
         pass
     return info
+
+
+def _scheduler_table(sched: dict[str, Any], phase: str) -> Any:
+    from rich.table import Table
+
+    s = Table(title="scheduler-thread time, microseconds (our jobs: 16 chunks of 256 KiB; "
+              f"calls, then per chunk moved; {phase})")
+    for col in ("method", "ours p50", "vLLM p50", "ours p99", "vLLM p99",
+                "ours p99/chunk", "vLLM p99/chunk", "no GC: ours p99", "vLLM p99",
+                "ours p99/chunk", "vLLM p99/chunk", "GC in calls ours/vLLM",
+                "GC allocs/call ours/vLLM"):
+        s.add_column(col, justify="right")
+    ours, stock = sched.get("kvstore", {}), sched.get("vllm", {})
+
+    def cell(d: dict[str, Any], k: str) -> str:
+        return f"{d[k]:.1f}" if k in d else "-"
+
+    for m in ours:
+        st = stock.get(m, {})
+        s.add_row(m, *(cell(d, k) for k in ("p50_us", "p99_us", "p99_us_per_chunk",
+                                             "p99_us_no_gc", "p99_us_per_chunk_no_gc")
+                       for d in (ours[m], st)),
+                  f"{ours[m].get('gc_calls', '-')}/{st.get('gc_calls', '-')}",
+                  f"{cell(ours[m], 'net_gc_allocs')}/{cell(st, 'net_gc_allocs')}")
+    return s
 
 
 def run(plan: BenchPlan, progress: Callable[[str], None] = print) -> dict[str, Any]:
@@ -142,24 +167,11 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
                       f"{r.get('kvstore_lookup_steps', '?')}/{r.get('vllm_lookup_steps', '?')}",
                       f"{r.get('kvstore_steps_to_hit', '?')}/{r.get('vllm_steps_to_hit', '?')}")
         console.print(t)
-        s = Table(title="scheduler-thread time, microseconds (our jobs: 16 chunks of 256 KiB; "
-                  "calls, then per chunk moved)")
-        for col in ("method", "ours p50", "vLLM p50", "ours p99", "vLLM p99",
-                    "ours p99/chunk", "vLLM p99/chunk", "no GC: ours p99", "vLLM p99",
-                    "ours p99/chunk", "vLLM p99/chunk", "GC in calls ours/vLLM"):
-            s.add_column(col, justify="right")
+        for section, phase in (("scheduler", "the waves fix the GC's phase"),
+                               ("scheduler_gc_random_phase", "GC phase random per wave")):
+            if fs.get(section):
+                console.print(_scheduler_table(fs[section], phase))
         ours, stock = fs["scheduler"].get("kvstore", {}), fs["scheduler"].get("vllm", {})
-
-        def cell(d: dict[str, Any], k: str) -> str:
-            return f"{d[k]:.1f}" if k in d else "-"
-
-        for m in ours:
-            st = stock.get(m, {})
-            s.add_row(m, *(cell(d, k) for k in ("p50_us", "p99_us", "p99_us_per_chunk",
-                                                 "p99_us_no_gc", "p99_us_per_chunk_no_gc")
-                           for d in (ours[m], st)),
-                      f"{ours[m].get('gc_calls', '-')}/{st.get('gc_calls', '-')}")
-        console.print(s)
         floor = [d.get("get_finished_jobs", {}).get("p99_us_empty_polls", 0.0)
                  for d in (ours, stock)]
         console.print("no GC: calls in which Python's cyclic GC ran (it collects the whole "
