@@ -494,35 +494,10 @@ def compression_bench(directory: Path, samples_dir: Path, total_bytes: int,
 
 
 def print_report(result: dict[str, Any]) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    """The fs tables of ``kvstore-tiers bench`` (one renderer for both entry points)."""
+    from kvstore_tiers.bench.runner import print_tables
 
-    console = Console()
-    t = Table(title="fs tier vs vLLM's stock fs tier (median of rounds, same run)")
-    for col in ("chunk", "reqs", "store ours", "store vLLM", "ratio", "load ours", "load vLLM",
-                "ratio", "disk read", "load/disk"):
-        t.add_column(col, justify="right")
-    for row in result["throughput"]:
-        disk = result["disk"][row["chunk_bytes"]]
-        t.add_row(
-            f"{row['chunk_bytes'] // KiB} KiB", str(row["requests"]),
-            f"{row['kvstore_store_gbps']:.2f}", f"{row['vllm_store_gbps']:.2f}",
-            f"{row['store_ratio']:.2f}x", f"{row['kvstore_load_gbps']:.2f}",
-            f"{row['vllm_load_gbps']:.2f}", f"{row['load_ratio']:.2f}x",
-            f"{disk['read_gbps']:.2f}", f"{row['load_vs_disk_read']:.0%}",
-        )
-    console.print(t)
-    s = Table(title="scheduler-thread time, us (16-chunk jobs, ~1,000 chunks in flight)")
-    for col in ("method", "tier", "calls", "p50", "p99", "p50/chunk", "p99/chunk",
-                "calls with GC", "GC allocs/call"):
-        s.add_column(col, justify="right")
-    for kind, methods in result["scheduler"].items():
-        for name, m in methods.items():
-            s.add_row(name, kind, str(m["calls"]), f"{m['p50_us']:.1f}", f"{m['p99_us']:.1f}",
-                      f"{m.get('p50_us_per_chunk', float('nan')):.2f}",
-                      f"{m.get('p99_us_per_chunk', float('nan')):.2f}",
-                      str(m.get("gc_calls", "")), f"{m.get('net_gc_allocs', float('nan')):.0f}")
-    console.print(s)
+    print_tables({"fs": result})
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
