@@ -15,6 +15,9 @@ for 1 and 4 concurrent requests:
 * **disk O_DIRECT read/write GB/s**: the machine's own limit, measured in the
   same run on the same directory with the same number of threads as our
   load-priority pool;
+* **reload** (``reload_rounds``, off by default): each tier stores one
+  window once, then many alternating load-only rounds reread the same files,
+  for a ratio with a confidence interval where the disk decides a round;
 * **scheduler-thread time** of ``submit_store``, ``submit_load``, ``lookup``
   and ``get_finished_jobs``: p50/p99 microseconds per call and per chunk,
   with about 1,000 chunks in flight.
@@ -43,7 +46,12 @@ from typing import Any
 import numpy as np
 
 from kvstore_tiers import samples
-from kvstore_tiers.bench.pairing import balanced_ratio, even_rounds, round_ratios
+from kvstore_tiers.bench.pairing import (
+    balanced_ratio,
+    even_rounds,
+    ratio_interval,
+    round_ratios,
+)
 from kvstore_tiers.harness import Harness, build_harness, make_keys
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -173,6 +181,36 @@ def load_round(kind: str, root: Path, chunk: int, keys: list[bytes], n_req: int
         return n * chunk / dt / 1e9, steps, _lookup_steps
     finally:
         h.shutdown()
+
+
+def reload_rounds(directory: Path, chunk: int, n: int, n_req: int, rounds: int
+                  ) -> dict[str, Any]:
+    """Load-only paired rounds: each tier stores ``n`` chunks once, then ``rounds``
+    (made even) alternating :func:`load_round` s reread those same files.
+
+    A throughput round also writes, deletes and syncs, and this VM's disk
+    then swings a round's ratio 0.3-2.3x; rereading the same files takes the
+    writes' aftermath out, and enough rounds give the ratio a confidence
+    interval (:func:`~kvstore_tiers.bench.pairing.ratio_interval`).
+    """
+    rounds = max(2, even_rounds(rounds))
+    roots = {k: Path(tempfile.mkdtemp(prefix=f"bench-reload-{k}-", dir=directory))
+             for k in TIERS}
+    try:
+        keys = {k: store_round(k, roots[k], chunk, n, n_req, seed=7)[1] for k in TIERS}
+        os.sync()
+        gbps: dict[str, list[float]] = {k: [] for k in TIERS}
+        for r in range(rounds):
+            for kind in (TIERS if r % 2 == 0 else reversed(list(TIERS))):
+                gbps[kind].append(load_round(kind, roots[kind], chunk, keys[kind], n_req)[0])
+    finally:
+        for root in roots.values():
+            shutil.rmtree(root, ignore_errors=True)
+    ratio, low, high = ratio_interval(gbps["kvstore"], gbps["vllm"])
+    return {"chunk_bytes": chunk, "requests": n_req, "chunks": n, "rounds": rounds,
+            **{f"{k}_load_gbps": statistics.median(v) for k, v in gbps.items()},
+            "load_ratio": ratio, "load_ratio_ci95": [low, high],
+            "load_ratios": round_ratios(gbps["kvstore"], gbps["vllm"])}
 
 
 def promote_all(h: Harness, reqs: list[tuple[Any, list[bytes]]]) -> tuple[int, int]:
@@ -348,18 +386,20 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
 def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
         progress: Callable[[str], None] = print, *,
         samples_dir: Path | None = DEFAULT_SAMPLES, compression_mib: int = 32,
-        scheduler_in_flight: int = 1024,
+        scheduler_in_flight: int = 1024, reload: int = 0,
         on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Every measurement of this module, in one result dict (see the module doc).
 
     ``samples_dir``: real KV samples for the compression variants (skipped if
-    None or absent); ``on_row``: called with each throughput row as it is done.
+    None or absent); ``reload``: rounds of :func:`reload_rounds` per chunk size
+    and request count (0: none); ``on_row``: called with each throughput row as it is done.
     """
     from kvstore_tiers.plugin import register
 
     register()  # makes "vllm_fs" available next to our "fs"
     rounds = even_rounds(rounds)
     result: dict[str, Any] = {"directory": str(directory), "rounds": rounds, "throughput": [],
+                              "reload": [],
                               "disk": {}, "scheduler": {}, "scheduler_gc_random_phase": {}}
     for chunk in chunk_sizes:
         n = window_chunks(chunk, total_bytes)
@@ -404,6 +444,11 @@ def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
                 f"{k}={v:.3f}" for k, v in row.items() if isinstance(v, float)))
             if on_row is not None:
                 on_row(row)
+        for n_req in (1, 4) if reload else ():
+            rr = reload_rounds(directory, chunk, n, n_req, reload)
+            result["reload"].append(rr)
+            progress(f"reload {chunk // KiB} KiB x{n_req}: ours/vLLM {rr['load_ratio']:.3f} "
+                     f"(95% CI {rr['load_ratio_ci95'][0]:.3f}-{rr['load_ratio_ci95'][1]:.3f})")
     # The harness as it is (the GC's phase fixed by the waves), then with the
     # phase drawn at random per wave (see scheduler_cost), same seed for both tiers.
     # 32 random waves: a pass lands in a few calls of a thousand, so the
@@ -506,13 +551,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--chunk-kib", type=int, nargs="+", default=[256, 2048])
     p.add_argument("--total-mib", type=int, default=128, help="data per round and chunk size")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--reload-rounds", type=int, default=0, help="load-only rounds (0: none)")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args(argv)
     directory = Path(args.dir)
     directory.mkdir(parents=True, exist_ok=True)
     try:
         result = run(directory.resolve(), [k * KiB for k in args.chunk_kib],
-                     args.total_mib * MiB, args.rounds)
+                     args.total_mib * MiB, args.rounds, reload=args.reload_rounds)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     print_report(result)

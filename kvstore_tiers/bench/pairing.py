@@ -7,6 +7,10 @@ in AB/BA pairs: each pair's ratio is the geometric mean of its two rounds'
 ratios, in which the position effect cancels, and the result is the median
 over pairs. Drift between rounds cancels as well, since both sides of a
 round are measured back to back.
+
+:func:`ratio_interval` says how sure such a ratio is: the geometric mean of
+the pairs' ratios with an approximate 95 % confidence interval, for the
+long load-only series (``--reload-rounds``) that the disk-bound cells need.
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ def round_ratios(ours: Sequence[float], base: Sequence[float]) -> list[float]:
     return [round(a / b, 3) for a, b in zip(ours, base, strict=True)]
 
 
+def _pair_ratios(ours: Sequence[float], base: Sequence[float]) -> list[float]:
+    ratios = [a / b for a, b in zip(ours, base, strict=True)]
+    return [math.sqrt(ratios[i] * ratios[i + 1]) for i in range(0, len(ratios) - 1, 2)]
+
+
 def balanced_ratio(ours: Sequence[float], base: Sequence[float]) -> float:
     """Median over AB/BA round pairs of the geometric mean of the pair's ratios.
 
@@ -35,5 +44,22 @@ def balanced_ratio(ours: Sequence[float], base: Sequence[float]) -> float:
     ratios = [a / b for a, b in zip(ours, base, strict=True)]
     if len(ratios) == 1:
         return ratios[0]
-    pairs = [math.sqrt(ratios[i] * ratios[i + 1]) for i in range(0, len(ratios) - 1, 2)]
-    return statistics.median(pairs)
+    return statistics.median(_pair_ratios(ours, base))
+
+
+def ratio_interval(ours: Sequence[float], base: Sequence[float], confidence: float = 0.95
+                   ) -> tuple[float, float, float]:
+    """(geometric mean, low, high) of the AB/BA pairs' ratios.
+
+    The interval is the normal approximation on log ratios (mean +- z * standard
+    error), so it is only meaningful with ten pairs or more; with fewer than two
+    pairs it is (ratio, nan, nan).
+    """
+    logs = [math.log(r) for r in _pair_ratios(ours, base)]
+    if len(logs) < 2:
+        r = balanced_ratio(ours, base) if ours else math.nan
+        return r, math.nan, math.nan
+    mean = statistics.fmean(logs)
+    half = (statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
+            * statistics.stdev(logs) / math.sqrt(len(logs)))
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)

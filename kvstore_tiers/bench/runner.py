@@ -33,6 +33,9 @@ class BenchPlan:
     rounds: int = 2
     compression_mib: int = 32
     scheduler_in_flight: int = 1024
+    #: Load-only rounds per fs chunk size and request count (0: none); see
+    #: kvstore_tiers.bench.fs_bench.reload_rounds.
+    reload_rounds: int = 0
     redis_blocks: int = 256
     #: redis-benchmark moves run to run by +-50 % on 2 cores: at least this many rounds.
     redis_min_rounds: int = 5
@@ -47,8 +50,10 @@ class BenchPlan:
                    s3_blocks=32, **kw)
 
     def fs_steps(self) -> int:
-        # per chunk: disk + (1, 4 requests); then scheduler x2, twice; then compression
-        return len(self.chunk_kib) * 3 + 4 + (1 if self.samples_dir else 0)
+        # per chunk: disk + (1, 4 requests) [+ reload (1, 4)]; then scheduler x2,
+        # twice; then compression
+        per_chunk = 3 + (2 if self.reload_rounds else 0)
+        return len(self.chunk_kib) * per_chunk + 4 + (1 if self.samples_dir else 0)
 
 
 def machine_info() -> dict[str, Any]:
@@ -107,7 +112,7 @@ def run(plan: BenchPlan, progress: Callable[[str], None] = print) -> dict[str, A
                 directory.resolve(), [k * KiB for k in plan.chunk_kib], plan.total_mib * MiB,
                 plan.rounds, progress, samples_dir=plan.samples_dir,
                 compression_mib=plan.compression_mib,
-                scheduler_in_flight=plan.scheduler_in_flight)
+                scheduler_in_flight=plan.scheduler_in_flight, reload=plan.reload_rounds)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     if "redis" in plan.tiers:
@@ -140,6 +145,22 @@ def _size(c: int) -> str:
     return f"{c // KiB} KiB" if c < MiB else f"{c // MiB} MiB"
 
 
+def _reload_table(rows: list[dict[str, Any]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="fs reload: load-only rounds rereading the same stored files "
+              "(GB/s, median of rounds; x: geometric mean over AB/BA round pairs, "
+              "approximate 95 % interval)")
+    for col in ("chunk", "reqs", "rounds", "load ours", "load vLLM", "x", "95 % interval"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        low, high = r["load_ratio_ci95"]
+        t.add_row(_size(r["chunk_bytes"]), str(r["requests"]), str(r["rounds"]),
+                  f"{r['kvstore_load_gbps']:.2f}", f"{r['vllm_load_gbps']:.2f}",
+                  f"{r['load_ratio']:.2f}", f"{low:.2f}-{high:.2f}")
+    return t
+
+
 def print_tables(result: dict[str, Any], console: Any = None) -> None:
     """Rich tables of everything in ``result``: each number beside its baseline."""
     from rich.console import Console
@@ -167,6 +188,8 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
                       f"{r.get('kvstore_lookup_steps', '?')}/{r.get('vllm_lookup_steps', '?')}",
                       f"{r.get('kvstore_steps_to_hit', '?')}/{r.get('vllm_steps_to_hit', '?')}")
         console.print(t)
+        if fs.get("reload"):
+            console.print(_reload_table(fs["reload"]))
         for section, phase in (("scheduler", "the waves fix the GC's phase"),
                                ("scheduler_gc_random_phase", "GC phase random per wave")):
             if fs.get(section):

@@ -23,6 +23,10 @@ import click
 @click.option("--rounds", type=click.IntRange(1), default=None,
               help="Alternating rounds per measurement, rounded up to AB/BA pairs; "
               "ratios are balanced over the pairs (default 2).")
+@click.option("--reload-rounds", type=click.IntRange(0), default=0, show_default=True,
+              help="fs: after each chunk size's throughput rounds, this many load-only "
+              "rounds per request count rereading one stored window (ratio with a 95 %% "
+              "interval; the disk-bound cells need 40 or so).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
               default=Path(".bench-kvstore"), show_default=True,
               help="Scratch directory on the disk to measure (removed afterwards).")
@@ -35,8 +39,8 @@ import click
               help="Where the JSON result and the PNG plots go.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
 def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
-          total_mib: int | None, rounds: int | None, directory: Path, samples_dir: Path | None,
-          out_dir: Path, no_plots: bool) -> None:
+          total_mib: int | None, rounds: int | None, reload_rounds: int, directory: Path,
+          samples_dir: Path | None, out_dir: Path, no_plots: bool) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
@@ -50,6 +54,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
     Examples:
       kvstore-tiers bench --quick
       kvstore-tiers bench --tier fs --tier redis --out docs/bench
+      kvstore-tiers bench --chunk-kib 2048 --reload-rounds 40
     """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -70,6 +75,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         plan.total_mib = total_mib
     if rounds:
         plan.rounds = rounds
+    plan.reload_rounds = reload_rounds
     # Wide tables: never squeeze them into 80 columns when writing to a pipe or a file.
     console = Console() if sys.stdout.isatty() else Console(width=200)
     steps = (plan.fs_steps() if "fs" in plan.tiers else 0) + 2 * (
