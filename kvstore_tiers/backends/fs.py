@@ -194,6 +194,14 @@ class FileSystemBackend(Backend):
             buf = self._local.hdr = mmap.mmap(-1, PAGE)  # page aligned, for O_DIRECT
         return buf
 
+    def _read_pages(self) -> tuple[memoryview, memoryview]:
+        """This thread's page-aligned (header, overflow) pages for a load's ``readv``."""
+        pages = getattr(self._local, "read_pages", None)
+        if pages is None:
+            view = memoryview(mmap.mmap(-1, 2 * PAGE))
+            pages = self._local.read_pages = (view[:PAGE], view[PAGE:])
+        return pages
+
     # -- bytes -------------------------------------------------------------------
     def put(self, name: str, parts: Sequence[Buffer]) -> bool:
         path = self.path(name)
@@ -275,7 +283,7 @@ class FileSystemBackend(Backend):
     def load_one(self, item: LoadItem, codec: FrameCodec) -> None:
         path = self.path(item.name)
         dest = item.dest
-        hdr = self._header_buf()
+        hdr, overflow = self._read_pages()
         direct = self.use_o_direct and len(dest) % PAGE == 0
         try:
             fd = os.open(path, os.O_RDONLY | (O_DIRECT if direct else 0))
@@ -285,11 +293,16 @@ class FileSystemBackend(Backend):
             try:
                 # Our own frames: a 4096-byte header then, uncompressed, the row
                 # itself -- one vectored read puts the payload where it belongs.
-                n = os.readv(fd, [hdr, dest])
-                size = os.fstat(fd).st_size
+                # A read that stops short of filling the overflow page has met
+                # the end of the file, so ``n`` is the file's size without an
+                # fstat (on a busy engine every syscall is one more wait for
+                # the GIL); only a file that fills it needs one.
+                n = size = os.readv(fd, [hdr, dest, overflow])
+                if n == 2 * PAGE + len(dest):
+                    size = os.fstat(fd).st_size
             except OSError as exc:
                 raise _classify_oserror(exc, path) from exc
-            header = parse_header(memoryview(hdr)[: min(n, PAGE)])
+            header = parse_header(hdr[: min(n, PAGE)])
             check_header(header, key=item.key, namespace=codec.namespace, raw_len=len(dest))
             if size != header.total_len:
                 raise ObjectCorrupt(f"object is {size} bytes, frame says {header.total_len}")

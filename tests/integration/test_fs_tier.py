@@ -103,12 +103,13 @@ def test_corrupt_truncated_foreign_objects_are_misses_never_wrong_bytes(
 ) -> None:
     root = tmp_path / "kv"
     cfg = [{"type": "fs", "root_dir": str(root)}]
-    keys, rows = make_keys(8, seed=11), rows_like(8, ROW, seed=11)
+    keys, rows = make_keys(10, seed=11), rows_like(10, ROW, seed=11)
     harness_factory(cfg, chunk_bytes=ROW).store_all(keys, rows)
     tier_ns = harness_factory(cfg, chunk_bytes=ROW).tiers[0].namespace
     path_of = {k: root / tier_ns.object_name(k) for k in keys}
     # 0: bit flip in the payload; 1: truncated; 2: zeroed (same length);
-    # 3: another namespace's object for the same key; 4: empty; 5-7 intact.
+    # 3: another namespace's object for the same key; 4: empty; 5: a page
+    # appended, 6: ten bytes appended (intact frame, longer file); 7-9 intact.
     data = bytearray(path_of[keys[0]].read_bytes())
     data[-100] ^= 0x40
     path_of[keys[0]].write_bytes(bytes(data))
@@ -116,6 +117,10 @@ def test_corrupt_truncated_foreign_objects_are_misses_never_wrong_bytes(
     path_of[keys[2]].write_bytes(bytes(path_of[keys[2]].stat().st_size))
     path_of[keys[3]].write_bytes(_foreign_object(tmp_path, keys[3]))
     path_of[keys[4]].write_bytes(b"")
+    with path_of[keys[5]].open("ab") as f:
+        f.write(bytes(4096))
+    with path_of[keys[6]].open("ab") as f:
+        f.write(b"0123456789")
 
     h = harness_factory(cfg, chunk_bytes=ROW)
     tier = h.tiers[0]
@@ -123,11 +128,11 @@ def test_corrupt_truncated_foreign_objects_are_misses_never_wrong_bytes(
     # The damaged objects exist, so the existence check says HIT; the load
     # then rejects them and the same request sees MISS from then on.
     results, _ = h.lookup_until_resolved(keys, ctx)
-    assert results[5:] == [HIT] * 3
-    assert results[:5] == [MISS] * 5
-    assert tier.counters.corrupt_objects == 5
-    assert all(not path_of[k].exists() for k in keys[:5])  # removed
-    assert np.array_equal(h.load(keys[5:], ctx), rows[5:])
+    assert results[7:] == [HIT] * 3
+    assert results[:7] == [MISS] * 7
+    assert tier.counters.corrupt_objects == 7
+    assert all(not path_of[k].exists() for k in keys[:7])  # removed
+    assert np.array_equal(h.load(keys[7:], ctx), rows[7:])
 
 
 def test_partial_promotion_failure_keeps_the_good_keys(harness_factory, tmp_path) -> None:
