@@ -188,18 +188,14 @@ class FileSystemBackend(Backend):
             local.seq = itertools.count()
         return f"{path}.{tag}{next(local.seq):x}.tmp"
 
-    def _header_buf(self) -> mmap.mmap:
-        buf = getattr(self._local, "hdr", None)
-        if buf is None:
-            buf = self._local.hdr = mmap.mmap(-1, PAGE)  # page aligned, for O_DIRECT
-        return buf
-
-    def _read_pages(self) -> tuple[memoryview, memoryview]:
-        """This thread's page-aligned (header, overflow) pages for a load's ``readv``."""
-        pages = getattr(self._local, "read_pages", None)
+    def _pages(self) -> tuple[memoryview, memoryview]:
+        """This thread's two page-aligned pages (for O_DIRECT): a frame header
+        (a store's first ``writev`` part, a load's first ``readv`` part) and a
+        load's overflow page."""
+        pages = getattr(self._local, "pages", None)
         if pages is None:
             view = memoryview(mmap.mmap(-1, 2 * PAGE))
-            pages = self._local.read_pages = (view[:PAGE], view[PAGE:])
+            pages = self._local.pages = (view[:PAGE], view[PAGE:])
         return pages
 
     # -- bytes -------------------------------------------------------------------
@@ -275,7 +271,7 @@ class FileSystemBackend(Backend):
         if self.use_o_direct and len(header) == PAGE and len(payload) % PAGE == 0 \
                 and isinstance(payload, memoryview) and _address(payload) % PAGE == 0:
             # Raw payload straight from the page-aligned primary row.
-            hdr = self._header_buf()
+            hdr = self._pages()[0]
             hdr[:] = header
             return self._publish(path, (hdr, payload), o_direct=True)
         return self._publish(path, (header, payload), o_direct=False)
@@ -283,7 +279,7 @@ class FileSystemBackend(Backend):
     def load_one(self, item: LoadItem, codec: FrameCodec) -> None:
         path = self.path(item.name)
         dest = item.dest
-        hdr, overflow = self._read_pages()
+        hdr, overflow = self._pages()
         direct = self.use_o_direct and len(dest) % PAGE == 0
         try:
             fd = os.open(path, os.O_RDONLY | (O_DIRECT if direct else 0))
