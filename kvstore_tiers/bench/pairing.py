@@ -30,8 +30,12 @@ def round_ratios(ours: Sequence[float], base: Sequence[float]) -> list[float]:
     return [round(a / b, 3) for a, b in zip(ours, base, strict=True)]
 
 
-def _pair_ratios(ours: Sequence[float], base: Sequence[float]) -> list[float]:
-    ratios = [a / b for a, b in zip(ours, base, strict=True)]
+def _ratios(ours: Sequence[float], base: Sequence[float]) -> list[float]:
+    return [a / b for a, b in zip(ours, base, strict=True)]
+
+
+def _pair_ratios(ratios: Sequence[float]) -> list[float]:
+    """Each AB/BA pair's geometric mean of its two rounds' ratios (an unpaired last is left out)."""
     return [math.sqrt(ratios[i] * ratios[i + 1]) for i in range(0, len(ratios) - 1, 2)]
 
 
@@ -41,10 +45,10 @@ def balanced_ratio(ours: Sequence[float], base: Sequence[float]) -> float:
     ``ours[r] / base[r]`` is round ``r``'s ratio; an unpaired last round is
     used only when it is the only one.
     """
-    ratios = [a / b for a, b in zip(ours, base, strict=True)]
+    ratios = _ratios(ours, base)
     if len(ratios) == 1:
         return ratios[0]
-    return statistics.median(_pair_ratios(ours, base))
+    return statistics.median(_pair_ratios(ratios))
 
 
 def ratio_interval(ours: Sequence[float], base: Sequence[float], confidence: float = 0.95
@@ -55,9 +59,10 @@ def ratio_interval(ours: Sequence[float], base: Sequence[float], confidence: flo
     error), so it is only meaningful with ten pairs or more; with fewer than two
     pairs it is (ratio, nan, nan).
     """
-    logs = [math.log(r) for r in _pair_ratios(ours, base)]
+    ratios = _ratios(ours, base)
+    logs = [math.log(r) for r in _pair_ratios(ratios)]
     if len(logs) < 2:
-        r = balanced_ratio(ours, base) if ours else math.nan
+        r = balanced_ratio(ours, base) if ratios else math.nan
         return r, math.nan, math.nan
     mean = statistics.fmean(logs)
     half = (statistics.NormalDist().inv_cdf(0.5 + confidence / 2)
