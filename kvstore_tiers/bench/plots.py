@@ -27,6 +27,7 @@ def plot_fs_throughput(fs: dict[str, Any], path: Path) -> Path:
     one column per concurrency (1 and 4 requests)."""
     plt = _plt()
     reqs = sorted({r["requests"] for r in fs["throughput"]})
+    mode = "O_DIRECT" if fs.get("disk_o_direct", True) else "buffered"
     fig, axes = plt.subplots(2, len(reqs), figsize=(5.5 * len(reqs), 7), squeeze=False,
                              sharey="row")
     for col, n_req in enumerate(reqs):
@@ -43,7 +44,7 @@ def plot_fs_throughput(fs: dict[str, Any], path: Path) -> Path:
             ax.bar([i + w / 2 for i in x], [r[f"vllm_{op}_gbps"] for r in rows], w,
                    label="vLLM stock fs", color="#bbbbbb")
             ax.plot(x, [_disk(fs, c).get(disk_key, float("nan")) for c in chunks], "k--o",
-                    label=f"disk O_DIRECT {disk_key.split('_')[0]}")
+                    label=f"disk {mode} {disk_key.split('_')[0]}")
             ax.set_xticks(x, labels)
             ax.set_title(f"{op}, {n_req} request{'s' if n_req > 1 else ''}")
             ax.set_ylabel("GB/s")

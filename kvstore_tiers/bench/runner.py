@@ -169,7 +169,8 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
     console = console or Console()
     fs = result.get("fs")
     if fs:
-        t = Table(title="fs: kvstore-tiers vs vLLM stock fs tier vs disk O_DIRECT "
+        disk = "disk O_DIRECT" if fs.get("disk_o_direct", True) else "disk buffered (no O_DIRECT)"
+        t = Table(title=f"fs: kvstore-tiers vs vLLM stock fs tier vs {disk} "
                   "(GB/s, median of rounds; x: ours/vLLM balanced over AB/BA round pairs; "
                   "same run)")
         for col in ("chunk", "reqs", "store ours", "store vLLM", "x", "disk write",
