@@ -27,9 +27,25 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
 
+# A C compiler and Python's headers build the fs tier's native read
+# (kvstore_tiers/backends/_fsio.c); without them the install still works, on
+# the slower pure-Python read path.
+APT_BUILD=()
+command -v cc >/dev/null 2>&1 || APT_BUILD+=(gcc libc6-dev)
+"$PYTHON" -c "import os, sys, sysconfig
+sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')) else 1)" \
+    || APT_BUILD+=(python3-dev)
+if [ "${#APT_BUILD[@]}" -gt 0 ]; then
+    log "installing ${APT_BUILD[*]} from Debian"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${APT_BUILD[@]}" >/dev/null
+fi
+
 # --- stamp: skip everything when nothing changed ---------------------------
 stamp_inputs() {
-    cat "$ROOT/scripts/setup-venv.sh" "$CONSTRAINTS" "$ROOT/pyproject.toml"
+    cat "$ROOT/scripts/setup-venv.sh" "$CONSTRAINTS" "$ROOT/pyproject.toml" \
+        "$ROOT/setup.py" "$ROOT/kvstore_tiers/backends/_fsio.c"
     find "$ROOT/plugins" -name pyproject.toml -exec cat {} + 2>/dev/null || true
 }
 STAMP_WANT="$(stamp_inputs | sha256sum | cut -d' ' -f1)"

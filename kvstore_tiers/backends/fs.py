@@ -16,6 +16,8 @@ store made two directories per block), and a directory holds ~2,500 files at
   aligned, straight in the primary row with one ``readv``.
 * Capacity: ``max_bytes`` and/or ``min_free_bytes``, enforced by
   :mod:`kvstore_tiers.backends.fs_capacity`.
+* Each block is one open-read-close or create-write-close-rename call
+  (:mod:`kvstore_tiers.backends.fs_io`), compiled where a C compiler exists.
 * Errors: a missing file is ObjectMissing; a short or malformed file is
   ObjectCorrupt; any other OSError (ENOSPC, EACCES, EIO) is TransientError.
 """
@@ -38,6 +40,7 @@ from typing import Any
 
 from pydantic import Field
 
+from kvstore_tiers.backends import fs_io
 from kvstore_tiers.backends.base import Backend, Buffer, LoadItem, ObjectInfo, StoreItem
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.config import TierConfig
@@ -46,6 +49,7 @@ from kvstore_tiers.frame import FrameCodec, check_header, parse_header
 from kvstore_tiers.namespace import SHARDS
 
 logger = logging.getLogger(__name__)
+
 
 PAGE = mmap.PAGESIZE
 O_DIRECT = getattr(os, "O_DIRECT", 0)
@@ -201,34 +205,25 @@ class FileSystemBackend(Backend):
     # -- bytes -------------------------------------------------------------------
     def put(self, name: str, parts: Sequence[Buffer]) -> bool:
         path = self.path(name)
-        if os.path.exists(path):
-            return False
         # O_DIRECT needs page-aligned lengths AND addresses (EINVAL otherwise).
         aligned = self.use_o_direct and all(
             len(p) % PAGE == 0 and _address(p) % PAGE == 0 for p in parts)
         return self._publish(path, parts, aligned)
 
     def _publish(self, path: str, parts: Sequence[Buffer], o_direct: bool) -> bool:
+        """Atomically create ``path`` from ``parts``; False if it exists already."""
         tmp = self._temp_name(path)
-        flags = os.O_CREAT | os.O_EXCL | os.O_WRONLY | (O_DIRECT if o_direct else 0)
-        total = sum(len(p) for p in parts)
+        flags = O_DIRECT if o_direct else 0
         try:
             try:
-                fd = os.open(tmp, flags, 0o644)
-            except FileNotFoundError:
+                total = fs_io.publish_file(tmp, path, parts, flags)
+            except FileNotFoundError:  # a shard directory removed under us
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                fd = os.open(tmp, flags, 0o644)
-            try:
-                written = os.writev(fd, list(parts))
-                if written != total:
-                    raise OSError(errno.EIO, f"short write ({written} of {total} bytes)")
-            finally:
-                os.close(fd)
-            os.replace(tmp, path)
+                total = fs_io.publish_file(tmp, path, parts, flags)
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
             raise _classify_oserror(exc, path) from exc
+        if not total:
+            return False
         if self.capacity is not None:
             self.capacity.on_written(total)
         return True
@@ -263,9 +258,10 @@ class FileSystemBackend(Backend):
 
     # -- frames: zero-copy paths -------------------------------------------------
     def store_one(self, item: StoreItem, codec: FrameCodec) -> bool:
+        # No existence check before encoding: the publish makes it inside its
+        # one GIL-free call (a separate stat was one more GIL wait per block);
+        # the price is a wasted checksum for a block another engine stored.
         path = self.path(item.name)
-        if os.path.exists(path):
-            return False
         header, payload = codec.encode(item.key, item.src)
         item.stored_len = len(header) + len(payload)
         if self.use_o_direct and len(header) == PAGE and len(payload) % PAGE == 0 \
@@ -282,35 +278,26 @@ class FileSystemBackend(Backend):
         hdr, overflow = self._pages()
         direct = self.use_o_direct and len(dest) % PAGE == 0
         try:
-            fd = os.open(path, os.O_RDONLY | (O_DIRECT if direct else 0))
+            # Our own frames: a 4096-byte header then, uncompressed, the row
+            # itself -- one vectored read puts the payload where it belongs.
+            # A read that stops short of filling the overflow page has met
+            # the end of the file, so its length is the file's size without
+            # an fstat (on a busy engine every syscall is one more wait for
+            # the GIL); only a file that fills it needs one.
+            n, size = fs_io.read_file(path, [hdr, dest, overflow], O_DIRECT if direct else 0)
         except OSError as exc:
             raise _classify_oserror(exc, path) from exc
-        try:
-            try:
-                # Our own frames: a 4096-byte header then, uncompressed, the row
-                # itself -- one vectored read puts the payload where it belongs.
-                # A read that stops short of filling the overflow page has met
-                # the end of the file, so ``n`` is the file's size without an
-                # fstat (on a busy engine every syscall is one more wait for
-                # the GIL); only a file that fills it needs one.
-                n = size = os.readv(fd, [hdr, dest, overflow])
-                if n == 2 * PAGE + len(dest):
-                    size = os.fstat(fd).st_size
-            except OSError as exc:
-                raise _classify_oserror(exc, path) from exc
-            header = parse_header(hdr[: min(n, PAGE)])
-            check_header(header, key=item.key, namespace=codec.namespace, raw_len=len(dest))
-            if size != header.total_len:
-                raise ObjectCorrupt(f"object is {size} bytes, frame says {header.total_len}")
-            item.stored_len = size
-            if header.codec == CodecId.NONE and header.header_len == PAGE:
-                if n != PAGE + len(dest):
-                    raise ObjectCorrupt(f"short read ({n} bytes)")
-                codec.verify(header, dest)
-                self._mark_used(path)
-                return
-        finally:
-            os.close(fd)
+        header = parse_header(hdr[: min(n, PAGE)])
+        check_header(header, key=item.key, namespace=codec.namespace, raw_len=len(dest))
+        if size != header.total_len:
+            raise ObjectCorrupt(f"object is {size} bytes, frame says {header.total_len}")
+        item.stored_len = size
+        if header.codec == CodecId.NONE and header.header_len == PAGE:
+            if n != PAGE + len(dest):
+                raise ObjectCorrupt(f"short read ({n} bytes)")
+            codec.verify(header, dest)
+            self._mark_used(path)
+            return
         # A compressed frame: read its payload and decode it into the row.
         payload = self._pread_buffered(path, header.stored_len, header.header_len)
         if len(payload) != header.stored_len:

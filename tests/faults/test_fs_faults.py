@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from kvstore_tiers.backends import fs_io
 from kvstore_tiers.harness import make_keys
 
 from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix
@@ -99,25 +100,30 @@ def test_writer_killed_mid_write_leaves_no_torn_object(tmp_path: Path) -> None:
 
 
 class _Inject:
-    """Make one ``os`` function raise ``err`` for calls on our objects while armed."""
+    """Make one fs I/O call raise ``err`` for calls on our objects while armed.
+
+    The fs backend's file work is one call per chunk (``fs_io.publish_file``,
+    ``fs_io.read_file``; compiled, so ``os`` is not involved): the error is
+    injected there, as the syscall inside it would raise it.
+    """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, fn: str, err: int) -> None:
-        self.real = getattr(os, fn)
+        self.real = getattr(fs_io, fn)
         self.err = err
         self.hits = 0
 
         def fake(*a: Any, **kw: Any) -> Any:
-            target = a[0]
-            if isinstance(target, int) or ".kvf" in str(target):
+            if ".kvf" in str(a[0]):
                 self.hits += 1
-                raise OSError(err, os.strerror(err))
+                raise OSError(err, os.strerror(err), a[0])
             return self.real(*a, **kw)
 
-        monkeypatch.setattr(os, fn, fake)
+        monkeypatch.setattr(fs_io, fn, fake)
 
 
-@pytest.mark.parametrize("fn,err", [("writev", errno.ENOSPC), ("writev", errno.EIO),
-                                    ("open", errno.EACCES)])
+@pytest.mark.parametrize("fn,err", [("publish_file", errno.ENOSPC),
+                                    ("publish_file", errno.EIO),
+                                    ("publish_file", errno.EACCES)])
 def test_store_errors(driver: Driver, monkeypatch: pytest.MonkeyPatch, fn: str, err: int) -> None:
     keys = make_keys(6, seed=3)
     rows = rows_for(keys, driver.row_bytes)
@@ -133,7 +139,7 @@ def test_store_errors(driver: Driver, monkeypatch: pytest.MonkeyPatch, fn: str, 
     assert driver.fetch(keys) == [HIT] * 6
 
 
-@pytest.mark.parametrize("fn,err", [("readv", errno.EIO), ("open", errno.EACCES)])
+@pytest.mark.parametrize("fn,err", [("read_file", errno.EIO), ("read_file", errno.EACCES)])
 def test_load_errors(driver: Driver, monkeypatch: pytest.MonkeyPatch, fn: str, err: int) -> None:
     keys = make_keys(6, seed=4)
     driver.store(keys, rows_for(keys, driver.row_bytes))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import resource
+import signal
 import threading
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import numpy as np
 import pytest
 from vllm.v1.kv_offload.base import LookupResult
 
+from kvstore_tiers.backends import fs_io
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.harness import make_keys
 
@@ -24,9 +27,22 @@ def _objects(root: Path) -> list[Path]:
     return sorted(root.rglob("*.kvf"))
 
 
+@pytest.fixture(params=["native", "python"])
+def io_path(request, monkeypatch) -> str:
+    """Run a test over both of the fs tier's I/O paths (kvstore_tiers.backends.fs_io):
+    the compiled ``_fsio`` calls and their pure-Python twins."""
+    from kvstore_tiers.backends import _fsio
+
+    native = request.param == "native"
+    monkeypatch.setattr(fs_io, "read_file", _fsio.read_file if native else fs_io.read_file_py)
+    monkeypatch.setattr(fs_io, "publish_file",
+                        _fsio.publish_file if native else fs_io.publish_file_py)
+    return request.param
 
 
-def test_roundtrip_is_byte_exact(harness_factory, tmp_path) -> None:
+
+
+def test_roundtrip_is_byte_exact(harness_factory, tmp_path, io_path) -> None:
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=16, chunk_bytes=ROW)
     keys, rows = make_keys(10), rows_like(10, ROW)
     h.store_all(keys, rows)
@@ -41,7 +57,9 @@ def test_roundtrip_is_byte_exact(harness_factory, tmp_path) -> None:
     assert tier.counters.objects_loaded == 10 and tier.counters.corrupt_objects == 0
 
 
-def test_real_kv_blocks_roundtrip_with_every_codec(harness_factory, tmp_path, kv_samples) -> None:
+def test_real_kv_blocks_roundtrip_with_every_codec(
+    harness_factory, tmp_path, kv_samples, io_path
+) -> None:
     entry, blocks = kv_samples[0]
     row = entry["block_bytes"]
     for codec in ("none", "zstd", "kvsplit"):
@@ -72,7 +90,7 @@ def test_second_manager_hits_what_the_first_stored(harness_factory, tmp_path) ->
     assert np.array_equal(h2.load(keys, ctx), rows)
 
 
-def test_existing_objects_are_not_rewritten(harness_factory, tmp_path) -> None:
+def test_existing_objects_are_not_rewritten(harness_factory, tmp_path, io_path) -> None:
     cfg = [{"type": "fs", "root_dir": str(tmp_path)}]
     keys, rows = make_keys(4, seed=7), rows_like(4, ROW)
     harness_factory(cfg, chunk_bytes=ROW).store_all(keys, rows)
@@ -99,7 +117,7 @@ def _foreign_object(tmp_path: Path, key: bytes) -> bytes:
 
 
 def test_corrupt_truncated_foreign_objects_are_misses_never_wrong_bytes(
-    harness_factory, tmp_path
+    harness_factory, tmp_path, io_path
 ) -> None:
     root = tmp_path / "kv"
     cfg = [{"type": "fs", "root_dir": str(root)}]
@@ -135,7 +153,9 @@ def test_corrupt_truncated_foreign_objects_are_misses_never_wrong_bytes(
     assert np.array_equal(h.load(keys[7:], ctx), rows[7:])
 
 
-def test_partial_promotion_failure_keeps_the_good_keys(harness_factory, tmp_path) -> None:
+def test_partial_promotion_failure_keeps_the_good_keys(
+    harness_factory, tmp_path, io_path
+) -> None:
     cfg = [{"type": "fs", "root_dir": str(tmp_path)}]
     h = harness_factory(cfg, chunk_bytes=ROW)
     keys, rows = make_keys(6, seed=13), rows_like(6, ROW, seed=13)
@@ -158,22 +178,48 @@ def test_store_errors_fail_the_job_and_the_tier_stays_usable(
     harness_factory, tmp_path, monkeypatch
 ) -> None:
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)
-    real_writev = os.writev
+    real_publish = fs_io.publish_file
+    # ENOSPC and EACCES cannot be had on demand here (the tests run as root
+    # on a roomy disk): injected where the one publish call raises them.
     for code in (errno.ENOSPC, errno.EIO, errno.EACCES):
-        def failing(fd, bufs, _code=code):
-            raise OSError(_code, os.strerror(_code))
-        monkeypatch.setattr(os, "writev", failing)
+        def failing(tmp, path, parts, flags, _code=code):
+            raise OSError(_code, os.strerror(_code), tmp)
+        monkeypatch.setattr(fs_io, "publish_file", failing)
         h.store_all(make_keys(2, seed=code), rows_like(2, ROW))
-        monkeypatch.setattr(os, "writev", real_writev)
+        monkeypatch.setattr(fs_io, "publish_file", real_publish)
     tier = h.tiers[0]
     assert tier.counters.store_failures == 6 and tier.counters.objects_stored == 0
-    assert not list(tmp_path.rglob("*.tmp"))  # no temp file left behind
     keys, rows = make_keys(3, seed=1000), rows_like(3, ROW)
     h.store_all(keys, rows)
     assert tier.counters.objects_stored == 3
     h.forget_primary()
     ctx = h.new_request()
     assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 3
+
+
+def test_a_real_short_write_fails_the_store_and_leaves_no_file(
+    harness_factory, tmp_path, io_path
+) -> None:
+    # RLIMIT_FSIZE makes the kernel cut every write short of the frame, the
+    # way a full disk does: a real error through the real publish path.
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (ROW // 2, hard))
+    try:
+        h.store_all(make_keys(3, seed=99), rows_like(3, ROW))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    tier = h.tiers[0]
+    assert tier.counters.store_failures == 3 and tier.counters.objects_stored == 0
+    assert _objects(tmp_path) == [] and not list(tmp_path.rglob("*.tmp"))
+    keys, rows = make_keys(2, seed=100), rows_like(2, ROW)
+    h.store_all(keys, rows)
+    h.forget_primary()
+    ctx = h.new_request()
+    assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 2
+    assert np.array_equal(h.load(keys, ctx), rows)
 
 
 def test_load_io_error_is_a_failed_key_not_an_exception(
@@ -184,10 +230,11 @@ def test_load_io_error_is_a_failed_key_not_an_exception(
     h.store_all(keys, rows)
     h.forget_primary()
 
-    def eio(*a, **k):
-        raise OSError(errno.EIO, "Input/output error")
+    def eio(path, *a, **k):
+        raise OSError(errno.EIO, "Input/output error", path)
 
-    monkeypatch.setattr(os, "readv", eio)
+    # The read is one compiled call (or its Python twin): inject there.
+    monkeypatch.setattr(fs_io, "read_file", eio)
     ctx = h.new_request()
     assert h.lookup_until_resolved(keys, ctx)[0] == [MISS] * 3
     assert h.tiers[0].counters.load_failures == 3
@@ -213,15 +260,15 @@ def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
     tier = h.tiers[0]
     keys = make_keys(4, seed=31)
     ctx = ReqContext(req_id="r1")
-    gate, real_writev = threading.Event(), os.writev
+    gate, real_publish = threading.Event(), fs_io.publish_file
 
-    def gated_writev(fd, bufs):
+    def gated_publish(tmp, path, bufs, flags):
         assert gate.wait(30)
         if len(bufs[1]) == ROW and bytes(bufs[1][:1]) == b"\x03":  # slot 3's row fails
-            raise OSError(errno.EIO, "Input/output error")
-        return real_writev(fd, bufs)
+            raise OSError(errno.EIO, "Input/output error", tmp)
+        return real_publish(tmp, path, bufs, flags)
 
-    monkeypatch.setattr(os, "writev", gated_writev)
+    monkeypatch.setattr(fs_io, "publish_file", gated_publish)
     for i in range(4):
         h.view[i] = i
     with h.locked():
@@ -245,7 +292,7 @@ def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
         assert keys[3] not in tier._presence
         assert tier.counters.objects_stored == 3 and tier.counters.store_failures == 1
     # A later store of the failed key writes it (the disk works again).
-    monkeypatch.setattr(os, "writev", real_writev)
+    monkeypatch.setattr(fs_io, "publish_file", real_publish)
     h.view[3] = 9
     with h.locked():
         tier.submit_store(TransferJob(3, keys[3:], np.arange(3, 4), False, ctx))

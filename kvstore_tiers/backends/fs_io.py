@@ -1,0 +1,81 @@
+"""The fs tier's two per-block file operations, each one call.
+
+* :func:`read_file` (path, buffers, flags) -> (bytes read, file size): open,
+  one vectored read from offset 0, close. The size is the byte count when the
+  read stopped short of filling ``buffers`` (it met end of file), else an
+  ``fstat``'s.
+* :func:`publish_file` (tmp, path, buffers, flags) -> bytes written: 0 if
+  ``path`` exists already (nothing is written: objects are content-addressed,
+  so another writer's copy is as good); else create ``tmp`` exclusively, one
+  vectored write, close, rename to ``path``. A short write is EIO; on any
+  error ``tmp`` is removed and ``path`` is untouched.
+
+Both raise OSError with errno and the failing path, like ``os`` does. Each
+exists twice: compiled (``_fsio.c``, built by setup.py where a C compiler
+exists), which releases the GIL once per block, and the pure-Python twins
+below, which release and re-take it for every syscall -- on a 2-core engine
+with several I/O threads and the scheduler loop, each re-take is a wait.
+The compiled pair is used when importable; ``KVSTORE_TIERS_FS_NATIVE=0``
+selects the Python pair.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["NATIVE", "publish_file", "publish_file_py", "read_file", "read_file_py"]
+
+Buffer = Any  # bytes-like (a memoryview of a primary row, bytes, mmap)
+
+
+def read_file_py(path: str, buffers: Sequence[Buffer], flags: int) -> tuple[int, int]:
+    """Pure-Python :func:`read_file`."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
+    try:
+        n = os.readv(fd, buffers)
+        return n, (os.fstat(fd).st_size if n == sum(len(b) for b in buffers) else n)
+    except OSError as exc:
+        exc.filename = path  # an fd's error names the file, as the compiled call's does
+        raise
+    finally:
+        os.close(fd)
+
+
+def publish_file_py(tmp: str, path: str, buffers: Sequence[Buffer], flags: int) -> int:
+    """Pure-Python :func:`publish_file`."""
+    if os.path.exists(path):
+        return 0
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC | flags, 0o644)
+    try:
+        try:
+            n = os.writev(fd, buffers)
+        except OSError as exc:
+            exc.filename = tmp
+            raise
+        finally:
+            os.close(fd)
+        total = sum(len(b) for b in buffers)
+        if n != total:
+            raise OSError(errno.EIO, f"short write ({n} of {total} bytes)", tmp)
+        try:
+            os.replace(tmp, path)
+        except OSError as exc:
+            exc.filename, exc.filename2 = path, None  # name the target, as the C call does
+            raise
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return n
+
+
+read_file: Callable[[str, Sequence[Buffer], int], tuple[int, int]] = read_file_py
+publish_file: Callable[[str, str, Sequence[Buffer], int], int] = publish_file_py
+if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
+    with contextlib.suppress(ImportError):  # not compiled here: the Python pair
+        from kvstore_tiers.backends._fsio import publish_file, read_file
+NATIVE = read_file is not read_file_py

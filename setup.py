@@ -1,0 +1,18 @@
+"""Build script for the one compiled part: the fs tier's GIL-free file read.
+
+Everything else is declared in pyproject.toml. The extension is optional: where
+it cannot be compiled (no C compiler, a platform without ``readv``) the
+install still succeeds and the fs tier uses its pure-Python read path.
+"""
+
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=[
+        Extension(
+            "kvstore_tiers.backends._fsio",
+            sources=["kvstore_tiers/backends/_fsio.c"],
+            optional=True,
+        )
+    ]
+)

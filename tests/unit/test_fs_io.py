@@ -1,0 +1,202 @@
+"""The fs tier's per-block file calls (kvstore_tiers.backends.fs_io): the
+compiled ``_fsio`` pair and the pure-Python pair must behave the same, byte
+for byte and error for error."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import resource
+import signal
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from kvstore_tiers.backends import fs, fs_io
+
+PAGE = mmap.PAGESIZE
+
+
+def _native() -> SimpleNamespace:
+    from kvstore_tiers.backends import _fsio
+
+    return SimpleNamespace(read_file=_fsio.read_file, publish_file=_fsio.publish_file)
+
+
+@pytest.fixture(params=["native", "python"])
+def io(request) -> SimpleNamespace:
+    if request.param == "native":
+        return _native()
+    return SimpleNamespace(read_file=fs_io.read_file_py, publish_file=fs_io.publish_file_py)
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_the_native_calls_are_built_and_used() -> None:
+    # setup.py compiles them wherever a C compiler exists, and the dev venv is
+    # built on one; without them the fs tier quietly takes the Python path,
+    # which is not what the benchmarks describe.
+    native = _native()
+    if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
+        assert fs_io.NATIVE
+        assert fs_io.read_file is native.read_file
+        assert fs_io.publish_file is native.publish_file
+
+
+# -- read_file -----------------------------------------------------------------
+def test_a_short_file_fills_the_buffers_in_order_and_its_length_is_the_size(
+    io, tmp_path: Path
+) -> None:
+    data = os.urandom(PAGE + 5000)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    a, b, c = bytearray(PAGE), bytearray(4096), bytearray(PAGE)
+    n, size = io.read_file(str(path), [a, b, c], 0)
+    assert (n, size) == (len(data), len(data))
+    assert bytes(a) == data[:PAGE] and bytes(b) == data[PAGE:PAGE + 4096]
+    assert bytes(c[:904]) == data[PAGE + 4096:]
+
+
+def test_a_file_that_fills_the_buffers_reports_its_real_size(io, tmp_path: Path) -> None:
+    data = os.urandom(3 * PAGE + 17)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    a, b = bytearray(PAGE), memoryview(bytearray(PAGE))
+    assert io.read_file(str(path), [a, b], 0) == (2 * PAGE, len(data))
+    assert bytes(a) + bytes(b) == data[: 2 * PAGE]
+
+
+def test_an_empty_file_reads_nothing(io, tmp_path: Path) -> None:
+    path = tmp_path / "empty"
+    path.write_bytes(b"")
+    assert io.read_file(str(path), [bytearray(PAGE)], 0) == (0, 0)
+
+
+@pytest.mark.parametrize(("make", "exc", "code"), [
+    (lambda p: None, FileNotFoundError, errno.ENOENT),
+    (lambda p: p.mkdir(), IsADirectoryError, errno.EISDIR),
+])
+def test_read_errors_are_oserrors_naming_the_path_and_leak_no_descriptor(
+    io, tmp_path: Path, make, exc, code
+) -> None:
+    path = tmp_path / "x"
+    make(path)
+    before = _open_fds()
+    with pytest.raises(exc) as info:
+        io.read_file(str(path), [bytearray(PAGE)], 0)
+    assert info.value.errno == code and info.value.filename == str(path)
+    assert _open_fds() == before
+
+
+def test_a_read_only_buffer_is_refused_and_leaks_no_descriptor(io, tmp_path: Path) -> None:
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 100)
+    before = _open_fds()
+    with pytest.raises((TypeError, BufferError)):
+        io.read_file(str(path), [bytearray(10), b"read-only"], 0)
+    assert _open_fds() == before
+
+
+def test_non_ascii_paths(io, tmp_path: Path) -> None:
+    path = tmp_path / "blöck-κ.kvf"
+    io.publish_file(str(tmp_path / "t.tmp"), str(path), [b"abc"], 0)
+    buf = bytearray(8)
+    assert io.read_file(str(path), [buf], 0) == (3, 3) and buf[:3] == b"abc"
+
+
+def test_o_direct_round_trip_through_aligned_pages(io, tmp_path: Path) -> None:
+    if not fs.probe_o_direct(str(tmp_path)):
+        pytest.skip(f"{tmp_path} refuses O_DIRECT")
+    pages = memoryview(mmap.mmap(-1, 4 * PAGE))
+    try:
+        data = os.urandom(2 * PAGE)
+        pages[: 2 * PAGE] = data
+        path = str(tmp_path / "f")
+        assert io.publish_file(path + ".tmp", path, [pages[:PAGE], pages[PAGE:2 * PAGE]],
+                               fs.O_DIRECT) == 2 * PAGE
+        assert io.read_file(path, [pages[2 * PAGE:3 * PAGE], pages[3 * PAGE:]],
+                            fs.O_DIRECT) == (2 * PAGE, 2 * PAGE)
+        assert bytes(pages[2 * PAGE:]) == data
+    finally:
+        pages.release()
+
+
+def test_the_gil_is_free_while_the_file_is_opened_and_read(io, tmp_path: Path) -> None:
+    # Opening a FIFO blocks until a writer opens it. The writer is this
+    # (Python) thread, so the read can only finish if it let go of the GIL.
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    buf = bytearray(64)
+    result: list[tuple[int, int]] = []
+    reader = threading.Thread(target=lambda: result.append(io.read_file(str(fifo), [buf], 0)))
+    reader.start()
+    fd = os.open(fifo, os.O_WRONLY)  # blocks until the reader's open
+    os.write(fd, b"hello")
+    os.close(fd)
+    reader.join(timeout=10)
+    assert not reader.is_alive()
+    assert result[0][0] == 5 and buf[:5] == b"hello"
+
+
+# -- publish_file ----------------------------------------------------------------
+def test_publish_writes_the_parts_in_order_and_leaves_no_temp_file(io, tmp_path: Path) -> None:
+    path, tmp = tmp_path / "obj.kvf", tmp_path / "obj.kvf.x.tmp"
+    parts = [os.urandom(100), memoryview(os.urandom(PAGE)), bytearray(b"tail")]
+    assert io.publish_file(str(tmp), str(path), parts, 0) == 100 + PAGE + 4
+    assert path.read_bytes() == b"".join(bytes(p) for p in parts)
+    assert not tmp.exists() and (path.stat().st_mode & 0o777) == 0o644
+
+
+def test_publish_over_an_existing_object_writes_nothing(io, tmp_path: Path) -> None:
+    path, tmp = tmp_path / "obj.kvf", tmp_path / "obj.tmp"
+    path.write_bytes(b"first")
+    assert io.publish_file(str(tmp), str(path), [b"second"], 0) == 0
+    assert path.read_bytes() == b"first" and not tmp.exists()
+
+
+def test_publish_into_a_missing_directory_names_the_temp_file(io, tmp_path: Path) -> None:
+    path, tmp = tmp_path / "gone" / "obj.kvf", tmp_path / "gone" / "obj.tmp"
+    with pytest.raises(FileNotFoundError) as info:
+        io.publish_file(str(tmp), str(path), [b"x"], 0)
+    assert info.value.filename == str(tmp)
+
+
+def test_a_failed_rename_removes_the_temp_file_and_names_the_target(
+    io, tmp_path: Path
+) -> None:
+    # The temp file is created, the rename fails: the target's directory is missing.
+    path, tmp = tmp_path / "missing" / "obj.kvf", tmp_path / "obj.tmp"
+    before = _open_fds()
+    with pytest.raises(FileNotFoundError) as info:
+        io.publish_file(str(tmp), str(path), [b"payload"], 0)
+    assert info.value.filename == str(path)
+    assert not tmp.exists() and _open_fds() == before
+
+
+def test_a_short_write_is_eio_and_leaves_nothing_behind(io, tmp_path: Path) -> None:
+    # RLIMIT_FSIZE makes the kernel cut a write short (and refuse the next
+    # with EFBIG): a real short write, the way a full disk produces one.
+    path, tmp = tmp_path / "obj.kvf", tmp_path / "obj.tmp"
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (PAGE, hard))
+    try:
+        with pytest.raises(OSError) as info:
+            io.publish_file(str(tmp), str(path), [bytes(PAGE), bytes(PAGE)], 0)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert info.value.errno in (errno.EIO, errno.EFBIG)
+    assert not path.exists() and not tmp.exists()
+
+
+def test_publish_refuses_a_non_buffer_and_creates_nothing(io, tmp_path: Path) -> None:
+    path, tmp = tmp_path / "obj.kvf", tmp_path / "obj.tmp"
+    with pytest.raises(TypeError):
+        io.publish_file(str(tmp), str(path), [b"ok", 42], 0)
+    assert list(tmp_path.iterdir()) == []
