@@ -1,8 +1,10 @@
-"""Build script for the one compiled part: the fs tier's GIL-free file read.
+"""Build script for the one compiled part: the fs tier's GIL-free per-chunk
+file calls (``kvstore_tiers/backends/_fsio.c``: read_file, publish_file).
 
 Everything else is declared in pyproject.toml. The extension is optional: where
 it cannot be compiled (no C compiler, a platform without ``readv``) the
-install still succeeds and the fs tier uses its pure-Python read path.
+install still succeeds and the fs tier uses the pure-Python twins in
+``kvstore_tiers/backends/fs_io.py``.
 """
 
 from setuptools import Extension, setup

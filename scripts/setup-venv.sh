@@ -27,9 +27,9 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
 
-# A C compiler and Python's headers build the fs tier's native read
+# A C compiler and Python's headers build the fs tier's per-chunk file calls
 # (kvstore_tiers/backends/_fsio.c); without them the install still works, on
-# the slower pure-Python read path.
+# the slower pure-Python twins (kvstore_tiers/backends/fs_io.py).
 APT_BUILD=()
 command -v cc >/dev/null 2>&1 || APT_BUILD+=(gcc libc6-dev)
 "$PYTHON" -c "import os, sys, sysconfig

@@ -50,7 +50,6 @@ from kvstore_tiers.namespace import SHARDS
 
 logger = logging.getLogger(__name__)
 
-
 PAGE = mmap.PAGESIZE
 O_DIRECT = getattr(os, "O_DIRECT", 0)
 SUFFIX = ".kvf"

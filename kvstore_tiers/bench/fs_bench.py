@@ -61,18 +61,22 @@ TIERS = {"kvstore": "fs", "vllm": "vllm_fs"}
 
 
 # ----------------------------------------------------------------- disk limit
-def disk_o_direct(directory: Path, chunk: int, total: int, threads: int) -> dict[str, float]:
+def disk_o_direct(directory: Path, chunk: int, total: int, threads: int,
+                  o_direct: bool | None = None) -> dict[str, float]:
     """O_DIRECT write then read of ``total`` bytes in ``chunk`` pieces, ``threads`` wide.
 
-    Where the filesystem refuses O_DIRECT (tmpfs, overlayfs: EINVAL) the probe
-    uses buffered I/O, as our tier then does; :func:`run` records which.
+    Where the filesystem refuses O_DIRECT (overlayfs, NFS, older tmpfs:
+    EINVAL) the probe uses buffered I/O, as our tier then does. ``o_direct``:
+    whether it may (None: find out with :func:`probe_o_direct`).
     """
     n = max(threads, total // chunk)
     bufs = [mmap.mmap(-1, chunk) for _ in range(threads)]
     for b in bufs:
         b.write(os.urandom(chunk))
     paths = [directory / f".disk_probe_{i}" for i in range(n)]
-    flag = O_DIRECT if probe_o_direct(str(directory)) else 0
+    if o_direct is None:
+        o_direct = probe_o_direct(str(directory))
+    flag = O_DIRECT if o_direct else 0
 
     def run(fn: Callable[[int, mmap.mmap], None]) -> float:
         t0 = time.perf_counter()
@@ -416,7 +420,8 @@ def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
     for chunk in chunk_sizes:
         n = window_chunks(chunk, total_bytes)
         threads = 8
-        disk = [disk_o_direct(directory, chunk, total_bytes, threads) for _ in range(rounds)]
+        disk = [disk_o_direct(directory, chunk, total_bytes, threads, result["disk_o_direct"])
+                for _ in range(rounds)]
         result["disk"][chunk] = {k: statistics.median(d[k] for d in disk) for k in disk[0]}
         mode = "O_DIRECT" if result["disk_o_direct"] else "buffered (no O_DIRECT here)"
         progress(f"disk {mode} at {chunk // KiB} KiB: {result['disk'][chunk]}")
