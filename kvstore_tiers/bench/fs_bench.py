@@ -8,7 +8,8 @@ directory's filesystem, with their default settings, in alternating rounds
 for 1 and 4 concurrent requests:
 
 * **store GB/s**: one job per request cascaded primary -> tier, timed from
-  ``complete_store`` until every job's result was consumed;
+  ``complete_store`` until every job's result was consumed (after a sync, so
+  a fresh root's start-up writes are not in the window);
 * **load GB/s**: a *fresh* manager (as a new engine would be) looks the keys
   up step by step like the scheduler, promotes and loads them; timed from the
   first lookup until every key is HIT in the primary;
@@ -166,6 +167,12 @@ def store_round(kind: str, root: Path, chunk: int, n: int, n_req: int, seed: int
             for g, out in zip(groups, outs, strict=True):
                 for cid, i in zip(np.asarray(out.store_spec.chunk_ids), g, strict=True):
                     h.view[int(cid)] = rows[i]
+        # A fresh root's start-up writes are no store's window: our tier makes
+        # its 4,096 shard directories once, at the first start on a root_dir,
+        # and their write-back, landing in the window, halved our x4 stores
+        # on this VM's disk (docs/benchmarks.md, session 9). vLLM's tier makes
+        # its directories per block, inside the window, as it does in an engine.
+        os.sync()
         t0 = time.perf_counter()
         with h.locked():
             for g, c in zip(groups, ctxs, strict=True):
