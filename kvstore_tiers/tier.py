@@ -309,6 +309,7 @@ class KVStoreTier(SecondaryTierManager):
         self._num_chunks = int(primary_kv_view.shape[0]) if primary_kv_view.shape else 0
         self.backend: Backend = backend_cls(config, self.namespace)
         self.backend.open()
+        self._store_batch = self.backend.max_store_batch or self.backend.max_batch
         self._closed = False
         self._flat: memoryview | None = primary_kv_view.cast("B")
 
@@ -547,13 +548,14 @@ class KVStoreTier(SecondaryTierManager):
             return
         timeout = self.config.load_timeout_s
         # The job is queued once; I/O threads take it ``max_batch`` chunks at a
-        # time (one for fs, a pipeline's worth for redis/s3), so a request's
-        # chunks move in parallel at no cost to this thread.
+        # time (``max_store_batch`` for stores; fs: one per load, eight per
+        # store; a pipeline's worth for redis/s3), so a request's chunks move
+        # in parallel at no cost to this thread.
         job = _Job(
             self, tj.job_id, is_load=is_load, req_id=tj.req_context.req_id, keys=keys,
             cids=cids, submit_time=tj.submit_time,
             deadline=time.monotonic() + timeout if is_load and timeout else None,
-            batch=self.backend.max_batch,
+            batch=self._store_batch if not is_load else self.backend.max_batch,
         )
         if not is_load:
             # In the index at once (later stores of these keys skip), stored

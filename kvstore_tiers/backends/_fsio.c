@@ -17,6 +17,12 @@
  *   it to ``path``: an atomic publish. A short write is EIO. On any error
  *   ``tmp`` is removed and ``path`` is untouched.
  *
+ * publish_files(items) -> list
+ *
+ *   publish_file for each (tmp, path, buffers, flags) of ``items`` (at most
+ *   64), with the GIL released once for all of them. Per item, in order: the
+ *   bytes written (0: it existed) or the OSError it met, returned, not raised.
+ *
  * Errors raise OSError with errno and the failing path set (FileNotFoundError
  * for ENOENT, ...), as os.open / os.readv / os.replace would.
  *
@@ -142,6 +148,44 @@ out:
     return result;
 }
 
+/* The publish itself (see publish_file above); runs without the GIL. Returns 0
+ * or an errno, with *n the bytes written (0: ``path`` existed) and *failed the
+ * name an error is reported against. */
+static int
+publish_one(const char *tmp, const char *path, const Buffers *b, int flags, ssize_t *n,
+            const char **failed)
+{
+    int err = 0;
+    *n = -1;
+    *failed = tmp;
+    if (access(path, F_OK) == 0) {
+        *n = 0; /* stored already (by us or another process): nothing to do */
+        return 0;
+    }
+    int fd;
+    do {
+        fd = open(tmp, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | flags, 0644);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return errno;
+    do {
+        *n = writev(fd, b->iov, (int)b->count);
+    } while (*n < 0 && errno == EINTR);
+    if (*n < 0)
+        err = errno;
+    else if (*n != b->total)
+        err = EIO; /* a short write: the filesystem is full or failing */
+    if (close(fd) != 0 && err == 0)
+        err = errno; /* NFS reports write-back errors here */
+    if (err == 0 && rename(tmp, path) != 0) {
+        err = errno;
+        *failed = path;
+    }
+    if (err != 0)
+        unlink(tmp);
+    return err;
+}
+
 static PyObject *
 publish_file(PyObject *module, PyObject *args)
 {
@@ -158,39 +202,12 @@ publish_file(PyObject *module, PyObject *args)
     if (buffers_get(&b, seq_obj, 0) < 0)
         goto out;
 
-    const char *tmp = PyBytes_AS_STRING(tmp_obj);
-    const char *path = PyBytes_AS_STRING(path_obj);
-    const char *failed = tmp; /* the name an error is reported against */
-    ssize_t n = -1;
-    int err = 0;
+    const char *failed;
+    ssize_t n;
+    int err;
     Py_BEGIN_ALLOW_THREADS
-    if (access(path, F_OK) == 0) {
-        n = 0; /* stored already (by us or another process): nothing to do */
-    } else {
-        int fd;
-        do {
-            fd = open(tmp, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | flags, 0644);
-        } while (fd < 0 && errno == EINTR);
-        if (fd < 0) {
-            err = errno;
-        } else {
-            do {
-                n = writev(fd, b.iov, (int)b.count);
-            } while (n < 0 && errno == EINTR);
-            if (n < 0)
-                err = errno;
-            else if (n != b.total)
-                err = EIO; /* a short write: the filesystem is full or failing */
-            if (close(fd) != 0 && err == 0)
-                err = errno; /* NFS reports write-back errors here */
-            if (err == 0 && rename(tmp, path) != 0) {
-                err = errno;
-                failed = path;
-            }
-            if (err != 0)
-                unlink(tmp);
-        }
-    }
+    err = publish_one(PyBytes_AS_STRING(tmp_obj), PyBytes_AS_STRING(path_obj), &b, flags, &n,
+                      &failed);
     Py_END_ALLOW_THREADS
 
     result = err ? oserror(err, failed) : PyLong_FromSsize_t(n);
@@ -201,6 +218,89 @@ out:
     return result;
 }
 
+/* One item of publish_files: its names, buffers, flags and outcome. */
+typedef struct {
+    PyObject *tmp, *path; /* bytes, from PyUnicode_FSConverter */
+    Buffers b;
+    int flags;
+    int err;
+    ssize_t n;
+    const char *failed;
+} Item;
+
+#define MAX_ITEMS 64
+
+static PyObject *
+publish_files(PyObject *module, PyObject *items_obj)
+{
+    (void)module;
+    PyObject *seq = PySequence_Fast(items_obj, "items must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq), ready = 0;
+    PyObject *result = NULL;
+    Item *items = NULL;
+    if (count > MAX_ITEMS) {
+        PyErr_Format(PyExc_ValueError, "takes at most %d items", MAX_ITEMS);
+        goto out;
+    }
+    items = PyMem_Calloc((size_t)(count ? count : 1), sizeof(Item));
+    if (items == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (; ready < count; ready++) {
+        Item *it = &items[ready];
+        PyObject *buffers;
+        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, ready),
+                              "O&O&Oi;an item is (tmp, path, buffers, flags)",
+                              PyUnicode_FSConverter, &it->tmp, PyUnicode_FSConverter,
+                              &it->path, &buffers, &it->flags))
+            goto out;
+        if (buffers_get(&it->b, buffers, 0) < 0) {
+            ready++; /* its names and any views it took are released below */
+            goto out;
+        }
+    }
+
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Item *it = &items[i];
+        it->err = publish_one(PyBytes_AS_STRING(it->tmp), PyBytes_AS_STRING(it->path), &it->b,
+                              it->flags, &it->n, &it->failed);
+    }
+    Py_END_ALLOW_THREADS
+
+    result = PyList_New(count);
+    for (Py_ssize_t i = 0; result != NULL && i < count; i++) {
+        Item *it = &items[i];
+        PyObject *value;
+        if (it->err) {
+            /* OSError(errno, strerror, filename) is built as its subclass
+             * (FileNotFoundError for ENOENT, ...), not raised. */
+            PyObject *fname = PyUnicode_DecodeFSDefault(it->failed);
+            value = fname == NULL ? NULL : PyObject_CallFunction(
+                PyExc_OSError, "isO", it->err, strerror(it->err), fname);
+            Py_XDECREF(fname);
+        } else {
+            value = PyLong_FromSsize_t(it->n);
+        }
+        if (value == NULL)
+            Py_CLEAR(result);
+        else
+            PyList_SET_ITEM(result, i, value);
+    }
+out:
+    for (Py_ssize_t i = 0; items != NULL && i < ready; i++) {
+        buffers_release(&items[i].b); /* calloc'd: safe before buffers_get too */
+        Py_XDECREF(items[i].tmp);
+        Py_XDECREF(items[i].path);
+    }
+    PyMem_Free(items);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"read_file", read_file, METH_VARARGS,
      "read_file(path, buffers, flags) -> (n, size): open, readv, close with the GIL "
@@ -208,6 +308,9 @@ static PyMethodDef methods[] = {
     {"publish_file", publish_file, METH_VARARGS,
      "publish_file(tmp, path, buffers, flags) -> n: create tmp, writev, close, rename to "
      "path, with the GIL released once."},
+    {"publish_files", publish_files, METH_O,
+     "publish_files(items) -> list: publish_file for each (tmp, path, buffers, flags), with "
+     "the GIL released once; per item bytes written (0: existed) or the OSError."},
     {NULL, NULL, 0, NULL},
 };
 

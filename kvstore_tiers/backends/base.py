@@ -86,6 +86,10 @@ class Backend(ABC):
     header_align: ClassVar[int] = 8
     #: Chunks handed to one I/O task (batching for pipelined backends).
     max_batch: ClassVar[int] = 1
+    #: Chunks handed to one *store* task; None: ``max_batch``. Stores only
+    #: need to finish, not to start at once, so a backend may take them in
+    #: larger batches than loads, which sit on time-to-first-token.
+    max_store_batch: ClassVar[int | None] = None
 
     def __init__(self, config: Any, namespace: Namespace) -> None:
         self.config = config

@@ -1,4 +1,4 @@
-"""The fs tier's two per-block file operations, each one call.
+"""The fs tier's file operations, each one call.
 
 * :func:`read_file` (path, buffers, flags) -> (bytes read, file size): open,
   one vectored read from offset 0, close. The size is the byte count when the
@@ -9,14 +9,18 @@
   so another writer's copy is as good); else create ``tmp`` exclusively, one
   vectored write, close, rename to ``path``. A short write is EIO; on any
   error ``tmp`` is removed and ``path`` is untouched.
+* :func:`publish_files` (items) -> per item, bytes written or the OSError:
+  :func:`publish_file` for each (tmp, path, buffers, flags), errors returned
+  rather than raised, so one full disk or missing directory fails its own
+  item only. A store batch is one call.
 
-Both raise OSError with errno and the failing path, like ``os`` does. Each
+The first two raise OSError with errno and the failing path, like ``os`` does. Each
 exists twice: compiled (``_fsio.c``, built by setup.py where a C compiler
-exists), which releases the GIL once per block, and the pure-Python twins
+exists), which releases the GIL once per call, and the pure-Python twins
 below, which release and re-take it for every syscall -- on a 2-core engine
 with several I/O threads and the scheduler loop, each re-take is a wait.
-The compiled pair is used when importable; ``KVSTORE_TIERS_FS_NATIVE=0``
-selects the Python pair.
+The compiled set is used when importable; ``KVSTORE_TIERS_FS_NATIVE=0``
+selects the Python set.
 """
 
 from __future__ import annotations
@@ -27,9 +31,21 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["NATIVE", "publish_file", "publish_file_py", "read_file", "read_file_py"]
+__all__ = [
+    "MAX_PUBLISH_ITEMS",
+    "NATIVE",
+    "PublishItem",
+    "publish_file",
+    "publish_file_py",
+    "publish_files",
+    "publish_files_py",
+    "read_file",
+    "read_file_py",
+]
 
 Buffer = Any  # bytes-like (a memoryview of a primary row, bytes, mmap)
+#: One file for :func:`publish_files`: (tmp, path, buffers, flags).
+PublishItem = tuple[str, str, Sequence[Buffer], int]
 
 
 def read_file_py(path: str, buffers: Sequence[Buffer], flags: int) -> tuple[int, int]:
@@ -73,9 +89,31 @@ def publish_file_py(tmp: str, path: str, buffers: Sequence[Buffer], flags: int) 
     return n
 
 
+#: Most files one :func:`publish_files` call takes.
+MAX_PUBLISH_ITEMS = 64
+
+
+def publish_files_py(items: Sequence[PublishItem]) -> list[int | OSError]:
+    """Pure-Python :func:`publish_files`."""
+    # Refuse a bad batch before writing any of it, as the compiled call does.
+    if len(items) > MAX_PUBLISH_ITEMS:
+        raise ValueError(f"takes at most {MAX_PUBLISH_ITEMS} items")
+    for _tmp, _path, buffers, _flags in items:
+        for b in buffers:
+            memoryview(b).release()
+    out: list[int | OSError] = []
+    for tmp, path, buffers, flags in items:
+        try:
+            out.append(publish_file_py(tmp, path, buffers, flags))
+        except OSError as exc:
+            out.append(exc)
+    return out
+
+
 read_file: Callable[[str, Sequence[Buffer], int], tuple[int, int]] = read_file_py
 publish_file: Callable[[str, str, Sequence[Buffer], int], int] = publish_file_py
+publish_files: Callable[[Sequence[PublishItem]], list[int | OSError]] = publish_files_py
 if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
-    with contextlib.suppress(ImportError):  # not compiled here: the Python pair
-        from kvstore_tiers.backends._fsio import publish_file, read_file
+    with contextlib.suppress(ImportError):  # not compiled here: the Python set
+        from kvstore_tiers.backends._fsio import publish_file, publish_files, read_file
 NATIVE = read_file is not read_file_py

@@ -100,11 +100,12 @@ def test_writer_killed_mid_write_leaves_no_torn_object(tmp_path: Path) -> None:
 
 
 class _Inject:
-    """Make one fs I/O call raise ``err`` for calls on our objects while armed.
+    """Make one fs I/O call fail with ``err`` for our objects while armed.
 
-    The fs backend's file work is one call per chunk (``fs_io.publish_file``,
-    ``fs_io.read_file``; compiled, so ``os`` is not involved): the error is
-    injected there, as the syscall inside it would raise it.
+    The fs backend's file work is one call per load (``fs_io.read_file``) and
+    one per store batch (``fs_io.publish_files``, which returns each file's
+    error); compiled, so ``os`` is not involved: the error is injected there,
+    as the syscall inside would give it.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, fn: str, err: int) -> None:
@@ -112,18 +113,24 @@ class _Inject:
         self.err = err
         self.hits = 0
 
+        def fail(path: str) -> OSError:
+            self.hits += 1
+            return OSError(err, os.strerror(err), path)
+
         def fake(*a: Any, **kw: Any) -> Any:
             if ".kvf" in str(a[0]):
-                self.hits += 1
-                raise OSError(err, os.strerror(err), a[0])
+                raise fail(a[0])
             return self.real(*a, **kw)
 
-        monkeypatch.setattr(fs_io, fn, fake)
+        def fake_batch(items: list[fs_io.PublishItem]) -> list[int | OSError]:
+            return [fail(it[0]) if ".kvf" in it[1] else self.real([it])[0] for it in items]
+
+        monkeypatch.setattr(fs_io, fn, fake_batch if fn == "publish_files" else fake)
 
 
-@pytest.mark.parametrize("fn,err", [("publish_file", errno.ENOSPC),
-                                    ("publish_file", errno.EIO),
-                                    ("publish_file", errno.EACCES)])
+@pytest.mark.parametrize("fn,err", [("publish_files", errno.ENOSPC),
+                                    ("publish_files", errno.EIO),
+                                    ("publish_files", errno.EACCES)])
 def test_store_errors(driver: Driver, monkeypatch: pytest.MonkeyPatch, fn: str, err: int) -> None:
     keys = make_keys(6, seed=3)
     rows = rows_for(keys, driver.row_bytes)

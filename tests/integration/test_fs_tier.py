@@ -37,6 +37,8 @@ def io_path(request, monkeypatch) -> str:
     monkeypatch.setattr(fs_io, "read_file", _fsio.read_file if native else fs_io.read_file_py)
     monkeypatch.setattr(fs_io, "publish_file",
                         _fsio.publish_file if native else fs_io.publish_file_py)
+    monkeypatch.setattr(fs_io, "publish_files",
+                        _fsio.publish_files if native else fs_io.publish_files_py)
     return request.param
 
 
@@ -55,6 +57,29 @@ def test_roundtrip_is_byte_exact(harness_factory, tmp_path, io_path) -> None:
     assert results == [HIT] * 10
     assert np.array_equal(h.load(keys, ctx), rows)
     assert tier.counters.objects_loaded == 10 and tier.counters.corrupt_objects == 0
+
+
+def test_stores_are_published_eight_files_per_call(harness_factory, tmp_path, monkeypatch
+                                                  ) -> None:
+    # One GIL-free call per store batch is what makes small stores cheap on a
+    # busy engine (docs/benchmarks.md, session 9); each file keeps its own outcome.
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=32,
+                        chunk_bytes=ROW)
+    real, calls = fs_io.publish_files, []
+
+    def counting(items):
+        calls.append(len(items))
+        return real(items)
+
+    monkeypatch.setattr(fs_io, "publish_files", counting)
+    keys, rows = make_keys(20, seed=8), rows_like(20, ROW)
+    h.store_all(keys, rows)
+    assert sorted(calls) == [4, 8, 8]
+    assert h.tiers[0].counters.objects_stored == 20 and len(_objects(tmp_path)) == 20
+    h.forget_primary()
+    ctx = h.new_request()
+    assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 20
+    assert np.array_equal(h.load(keys, ctx), rows)
 
 
 def test_real_kv_blocks_roundtrip_with_every_codec(
@@ -178,15 +203,15 @@ def test_store_errors_fail_the_job_and_the_tier_stays_usable(
     harness_factory, tmp_path, monkeypatch
 ) -> None:
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)
-    real_publish = fs_io.publish_file
+    real_publish = fs_io.publish_files
     # ENOSPC and EACCES cannot be had on demand here (the tests run as root
-    # on a roomy disk): injected where the one publish call raises them.
+    # on a roomy disk): injected where the one publish call returns them.
     for code in (errno.ENOSPC, errno.EIO, errno.EACCES):
-        def failing(tmp, path, parts, flags, _code=code):
-            raise OSError(_code, os.strerror(_code), tmp)
-        monkeypatch.setattr(fs_io, "publish_file", failing)
+        def failing(items, _code=code):
+            return [OSError(_code, os.strerror(_code), it[0]) for it in items]
+        monkeypatch.setattr(fs_io, "publish_files", failing)
         h.store_all(make_keys(2, seed=code), rows_like(2, ROW))
-        monkeypatch.setattr(fs_io, "publish_file", real_publish)
+        monkeypatch.setattr(fs_io, "publish_files", real_publish)
     tier = h.tiers[0]
     assert tier.counters.store_failures == 6 and tier.counters.objects_stored == 0
     keys, rows = make_keys(3, seed=1000), rows_like(3, ROW)
@@ -260,15 +285,16 @@ def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
     tier = h.tiers[0]
     keys = make_keys(4, seed=31)
     ctx = ReqContext(req_id="r1")
-    gate, real_publish = threading.Event(), fs_io.publish_file
+    gate, real_publish = threading.Event(), fs_io.publish_files
 
-    def gated_publish(tmp, path, bufs, flags):
+    def gated_publish(items):
         assert gate.wait(30)
-        if len(bufs[1]) == ROW and bytes(bufs[1][:1]) == b"\x03":  # slot 3's row fails
-            raise OSError(errno.EIO, "Input/output error", tmp)
-        return real_publish(tmp, path, bufs, flags)
+        # Slot 3's row fails; the rest of its batch is written.
+        return [OSError(errno.EIO, "Input/output error", it[0])
+                if len(it[2][1]) == ROW and bytes(it[2][1][:1]) == b"\x03"
+                else real_publish([it])[0] for it in items]
 
-    monkeypatch.setattr(fs_io, "publish_file", gated_publish)
+    monkeypatch.setattr(fs_io, "publish_files", gated_publish)
     for i in range(4):
         h.view[i] = i
     with h.locked():
@@ -292,7 +318,7 @@ def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
         assert keys[3] not in tier._presence
         assert tier.counters.objects_stored == 3 and tier.counters.store_failures == 1
     # A later store of the failed key writes it (the disk works again).
-    monkeypatch.setattr(fs_io, "publish_file", real_publish)
+    monkeypatch.setattr(fs_io, "publish_files", real_publish)
     h.view[3] = 9
     with h.locked():
         tier.submit_store(TransferJob(3, keys[3:], np.arange(3, 4), False, ctx))

@@ -4,12 +4,14 @@ for byte and error for error."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
 import resource
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -23,18 +25,34 @@ PAGE = mmap.PAGESIZE
 def _native() -> SimpleNamespace:
     from kvstore_tiers.backends import _fsio
 
-    return SimpleNamespace(read_file=_fsio.read_file, publish_file=_fsio.publish_file)
+    return SimpleNamespace(read_file=_fsio.read_file, publish_file=_fsio.publish_file,
+                           publish_files=_fsio.publish_files)
 
 
 @pytest.fixture(params=["native", "python"])
 def io(request) -> SimpleNamespace:
     if request.param == "native":
         return _native()
-    return SimpleNamespace(read_file=fs_io.read_file_py, publish_file=fs_io.publish_file_py)
+    return SimpleNamespace(read_file=fs_io.read_file_py, publish_file=fs_io.publish_file_py,
+                           publish_files=fs_io.publish_files_py)
 
 
 def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+@contextlib.contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """RLIMIT_FSIZE makes the kernel cut a write short (and refuse the next
+    with EFBIG): a real short write, the way a full disk produces one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old_handler)
 
 
 def test_the_native_calls_are_built_and_used() -> None:
@@ -46,6 +64,7 @@ def test_the_native_calls_are_built_and_used() -> None:
         assert fs_io.NATIVE
         assert fs_io.read_file is native.read_file
         assert fs_io.publish_file is native.publish_file
+        assert fs_io.publish_files is native.publish_files
 
 
 # -- read_file -----------------------------------------------------------------
@@ -179,18 +198,9 @@ def test_a_failed_rename_removes_the_temp_file_and_names_the_target(
 
 
 def test_a_short_write_is_eio_and_leaves_nothing_behind(io, tmp_path: Path) -> None:
-    # RLIMIT_FSIZE makes the kernel cut a write short (and refuse the next
-    # with EFBIG): a real short write, the way a full disk produces one.
     path, tmp = tmp_path / "obj.kvf", tmp_path / "obj.tmp"
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (PAGE, hard))
-    try:
-        with pytest.raises(OSError) as info:
-            io.publish_file(str(tmp), str(path), [bytes(PAGE), bytes(PAGE)], 0)
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-        signal.signal(signal.SIGXFSZ, old_handler)
+    with _file_size_limit(PAGE), pytest.raises(OSError) as info:
+        io.publish_file(str(tmp), str(path), [bytes(PAGE), bytes(PAGE)], 0)
     assert info.value.errno in (errno.EIO, errno.EFBIG)
     assert not path.exists() and not tmp.exists()
 
@@ -199,4 +209,51 @@ def test_publish_refuses_a_non_buffer_and_creates_nothing(io, tmp_path: Path) ->
     path, tmp = tmp_path / "obj.kvf", tmp_path / "obj.tmp"
     with pytest.raises(TypeError):
         io.publish_file(str(tmp), str(path), [b"ok", 42], 0)
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- publish_files ---------------------------------------------------------------
+def test_publish_files_gives_each_file_its_own_outcome_in_order(io, tmp_path: Path) -> None:
+    # A store batch: one file fails (its directory is gone), one existed; the
+    # others are written all the same, and the failure names its temp file.
+    (tmp_path / "old.kvf").write_bytes(b"first")
+    data = [os.urandom(PAGE + i) for i in range(3)]
+    items = [
+        (str(tmp_path / "a.tmp"), str(tmp_path / "a.kvf"), [data[0][:PAGE], data[0][PAGE:]], 0),
+        (str(tmp_path / "gone" / "b.tmp"), str(tmp_path / "gone" / "b.kvf"), [data[1]], 0),
+        (str(tmp_path / "o.tmp"), str(tmp_path / "old.kvf"), [b"second"], 0),
+        (str(tmp_path / "c.tmp"), str(tmp_path / "c.kvf"), [memoryview(data[2])], 0),
+    ]
+    before = _open_fds()
+    out = io.publish_files(items)
+    assert out[0] == len(data[0]) and out[2] == 0 and out[3] == len(data[2])
+    assert isinstance(out[1], FileNotFoundError) and out[1].filename == items[1][0]
+    assert (tmp_path / "a.kvf").read_bytes() == data[0]
+    assert (tmp_path / "c.kvf").read_bytes() == data[2]
+    assert (tmp_path / "old.kvf").read_bytes() == b"first"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.kvf", "c.kvf", "old.kvf"]
+    assert _open_fds() == before
+    assert io.publish_files([]) == []
+
+
+def test_publish_files_a_short_write_fails_that_file_only(io, tmp_path: Path) -> None:
+    small, big = tmp_path / "small.kvf", tmp_path / "big.kvf"
+    with _file_size_limit(PAGE):
+        out = io.publish_files([
+            (str(tmp_path / "b.tmp"), str(big), [bytes(PAGE), bytes(PAGE)], 0),
+            (str(tmp_path / "s.tmp"), str(small), [b"fits"], 0),
+        ])
+    assert isinstance(out[0], OSError) and out[0].errno in (errno.EIO, errno.EFBIG)
+    assert out[1] == 4 and small.read_bytes() == b"fits"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.kvf"]
+
+
+def test_publish_files_refuses_a_bad_batch_before_writing_any_of_it(
+    io, tmp_path: Path
+) -> None:
+    good = (str(tmp_path / "a.tmp"), str(tmp_path / "a.kvf"), [b"ok"], 0)
+    with pytest.raises(TypeError):
+        io.publish_files([good, (str(tmp_path / "b.tmp"), str(tmp_path / "b.kvf"), [42], 0)])
+    with pytest.raises(ValueError):
+        io.publish_files([good] * 65)
     assert list(tmp_path.iterdir()) == []
