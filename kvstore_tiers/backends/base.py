@@ -20,9 +20,11 @@ Contract of the data methods (called concurrently from several threads):
 * ``delete(name)`` removes an object; a missing one is not an error.
 * ``iter_objects(prefix)`` yields :class:`ObjectInfo` for administration.
 
-``store_many``/``load_many`` are the batched entry points the core calls; the
-defaults loop over ``store_one``/``load_one``, which a backend may override
-for zero-copy paths (fs) and batches override for pipelining (redis).
+``store_many``/``load_many`` are the batched entry points the core calls,
+with at most ``max_store_batch`` (stores; ``max_batch`` if None) or
+``max_batch`` (loads) items; the defaults loop over ``store_one``/``load_one``,
+which a backend may override for zero-copy paths (fs) and batches override
+for pipelining (redis) or one call per batch (fs stores).
 """
 
 from __future__ import annotations
