@@ -85,14 +85,29 @@ buffers_release(Buffers *b)
     Py_XDECREF(b->seq);
 }
 
-/* NULL with OSError(err, strerror, name) set. */
+/* A new OSError(err, strerror, name), built as its subclass
+ * (FileNotFoundError for ENOENT, ...); NULL with an exception set if even
+ * that fails. */
+static PyObject *
+oserror_new(int err, const char *name)
+{
+    PyObject *fname = PyUnicode_DecodeFSDefault(name);
+    if (fname == NULL)
+        return NULL;
+    PyObject *exc = PyObject_CallFunction(PyExc_OSError, "isO", err, strerror(err), fname);
+    Py_DECREF(fname);
+    return exc;
+}
+
+/* NULL with OSError(err, strerror, name) raised. */
 static PyObject *
 oserror(int err, const char *name)
 {
-    PyObject *fname = PyUnicode_DecodeFSDefault(name);
-    errno = err;
-    PyErr_SetFromErrnoWithFilenameObject(PyExc_OSError, fname);
-    Py_XDECREF(fname);
+    PyObject *exc = oserror_new(err, name);
+    if (exc != NULL) {
+        PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
     return NULL;
 }
 
@@ -274,17 +289,8 @@ publish_files(PyObject *module, PyObject *items_obj)
     result = PyList_New(count);
     for (Py_ssize_t i = 0; result != NULL && i < count; i++) {
         Item *it = &items[i];
-        PyObject *value;
-        if (it->err) {
-            /* OSError(errno, strerror, filename) is built as its subclass
-             * (FileNotFoundError for ENOENT, ...), not raised. */
-            PyObject *fname = PyUnicode_DecodeFSDefault(it->failed);
-            value = fname == NULL ? NULL : PyObject_CallFunction(
-                PyExc_OSError, "isO", it->err, strerror(it->err), fname);
-            Py_XDECREF(fname);
-        } else {
-            value = PyLong_FromSsize_t(it->n);
-        }
+        /* A failure's OSError is returned in its place, not raised. */
+        PyObject *value = it->err ? oserror_new(it->err, it->failed) : PyLong_FromSsize_t(it->n);
         if (value == NULL)
             Py_CLEAR(result);
         else
