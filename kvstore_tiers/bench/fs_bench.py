@@ -247,8 +247,15 @@ def promote_all(h: Harness, reqs: list[tuple[Any, list[bytes]]]) -> tuple[int, i
     start = h.steps
     for _ in range(100_000):
         with h.locked():
-            waiting = any(h.manager.lookup(k, ctx) is LookupResult.RETRY
-                          for ctx, ks in reqs for k in ks)
+            # Every key, every step, as vLLM's scheduler scans a request's
+            # prefix (offloading/scheduler.py, _maximal_prefix_lookup): it
+            # goes on past a RETRY "to let the manager kick off async
+            # lookups", so one step starts them all and the promotions the
+            # next step initiates form one job per request. Stopping at the
+            # first RETRY (this loop until session 10) started one lookup per
+            # step and made every promotion a one-chunk job.
+            results = [h.manager.lookup(k, ctx) for ctx, ks in reqs for k in ks]
+        waiting = LookupResult.RETRY in results
         h.step()
         if not waiting:
             break
