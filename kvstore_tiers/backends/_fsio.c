@@ -23,6 +23,12 @@
  *   64), with the GIL released once for all of them. Per item, in order: the
  *   bytes written (0: it existed) or the OSError it met, returned, not raised.
  *
+ * exists_files(paths) -> list[bool]
+ *
+ *   Whether each path exists (access(F_OK) succeeds; any error is False, as
+ *   os.path.exists answers), with the GIL released once for all of them: an
+ *   async lookup's batch is one call.
+ *
  * Errors raise OSError with errno and the failing path set (FileNotFoundError
  * for ENOENT, ...), as os.open / os.readv / os.replace would.
  *
@@ -307,6 +313,42 @@ out:
     return result;
 }
 
+static PyObject *
+exists_files(PyObject *module, PyObject *paths_obj)
+{
+    (void)module;
+    PyObject *seq = PySequence_Fast(paths_obj, "paths must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq), ready = 0;
+    PyObject *result = NULL;
+    PyObject **names = PyMem_Calloc((size_t)(count ? count : 1), sizeof(PyObject *));
+    char *found = PyMem_Calloc((size_t)(count ? count : 1), 1);
+    if (names == NULL || found == NULL) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (; ready < count; ready++)
+        if (!PyUnicode_FSConverter(PySequence_Fast_GET_ITEM(seq, ready), &names[ready]))
+            goto out;
+
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++)
+        found[i] = access(PyBytes_AS_STRING(names[i]), F_OK) == 0;
+    Py_END_ALLOW_THREADS
+
+    result = PyList_New(count);
+    for (Py_ssize_t i = 0; result != NULL && i < count; i++)
+        PyList_SET_ITEM(result, i, PyBool_FromLong(found[i]));
+out:
+    for (Py_ssize_t i = 0; names != NULL && i < ready; i++)
+        Py_XDECREF(names[i]);
+    PyMem_Free(names);
+    PyMem_Free(found);
+    Py_DECREF(seq);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"read_file", read_file, METH_VARARGS,
      "read_file(path, buffers, flags) -> (n, size): open, readv, close with the GIL "
@@ -317,6 +359,9 @@ static PyMethodDef methods[] = {
     {"publish_files", publish_files, METH_O,
      "publish_files(items) -> list: publish_file for each (tmp, path, buffers, flags), with "
      "the GIL released once; per item bytes written (0: existed) or the OSError."},
+    {"exists_files", exists_files, METH_O,
+     "exists_files(paths) -> list[bool]: whether each path exists (access F_OK), with the "
+     "GIL released once."},
     {NULL, NULL, 0, NULL},
 };
 

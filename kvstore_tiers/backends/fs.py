@@ -260,7 +260,10 @@ class FileSystemBackend(Backend):
             raise _classify_oserror(exc, path) from exc
 
     def exists_many(self, names: Sequence[str]) -> list[bool]:
-        return [os.path.exists(self.path(n)) for n in names]
+        # One GIL-free call for the batch: a path test per name in Python
+        # takes the GIL back after every stat, a wait behind the scheduler.
+        path = self.path
+        return fs_io.exists_files([path(n) for n in names])
 
     def delete(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):

@@ -13,6 +13,8 @@
   :func:`publish_file` for each (tmp, path, buffers, flags), errors returned
   rather than raised, so one full disk or missing directory fails its own
   item only. A store batch is one call.
+* :func:`exists_files` (paths) -> per path, whether it exists (as
+  ``os.path.exists``): an async lookup's batch is one call.
 
 The first two raise OSError with errno and the failing path, like ``os`` does. Each
 exists twice: compiled (``_fsio.c``, built by setup.py where a C compiler
@@ -35,6 +37,8 @@ __all__ = [
     "MAX_PUBLISH_ITEMS",
     "NATIVE",
     "PublishItem",
+    "exists_files",
+    "exists_files_py",
     "publish_file",
     "publish_file_py",
     "publish_files",
@@ -110,10 +114,21 @@ def publish_files_py(items: Sequence[PublishItem]) -> list[int | OSError]:
     return out
 
 
+def exists_files_py(paths: Sequence[str]) -> list[bool]:
+    """Pure-Python :func:`exists_files`."""
+    return [os.path.exists(p) for p in paths]
+
+
 read_file: Callable[[str, Sequence[Buffer], int], tuple[int, int]] = read_file_py
 publish_file: Callable[[str, str, Sequence[Buffer], int], int] = publish_file_py
 publish_files: Callable[[Sequence[PublishItem]], list[int | OSError]] = publish_files_py
+exists_files: Callable[[Sequence[str]], list[bool]] = exists_files_py
 if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
     with contextlib.suppress(ImportError):  # not compiled here: the Python set
-        from kvstore_tiers.backends._fsio import publish_file, publish_files, read_file
+        from kvstore_tiers.backends._fsio import (
+            exists_files,
+            publish_file,
+            publish_files,
+            read_file,
+        )
 NATIVE = read_file is not read_file_py

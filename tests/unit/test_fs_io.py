@@ -26,7 +26,7 @@ def _native() -> SimpleNamespace:
     from kvstore_tiers.backends import _fsio
 
     return SimpleNamespace(read_file=_fsio.read_file, publish_file=_fsio.publish_file,
-                           publish_files=_fsio.publish_files)
+                           publish_files=_fsio.publish_files, exists_files=_fsio.exists_files)
 
 
 @pytest.fixture(params=["native", "python"])
@@ -34,7 +34,8 @@ def io(request) -> SimpleNamespace:
     if request.param == "native":
         return _native()
     return SimpleNamespace(read_file=fs_io.read_file_py, publish_file=fs_io.publish_file_py,
-                           publish_files=fs_io.publish_files_py)
+                           publish_files=fs_io.publish_files_py,
+                           exists_files=fs_io.exists_files_py)
 
 
 def _open_fds() -> int:
@@ -65,6 +66,27 @@ def test_the_native_calls_are_built_and_used() -> None:
         assert fs_io.read_file is native.read_file
         assert fs_io.publish_file is native.publish_file
         assert fs_io.publish_files is native.publish_files
+        assert fs_io.exists_files is native.exists_files
+
+
+# -- exists_files ------------------------------------------------------------------
+def test_exists_files_answers_each_path_in_order(io, tmp_path: Path) -> None:
+    (tmp_path / "obj").write_bytes(b"x")
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    (tmp_path / "link").symlink_to(tmp_path / "obj")
+    paths = [tmp_path / "obj", tmp_path / "missing", tmp_path / "no_dir" / "obj",
+             tmp_path / "dangling", tmp_path / "link", tmp_path / "obj", tmp_path / "ünï"]
+    # What os.path.exists says, path by path: a dangling link is absent.
+    assert io.exists_files([str(p) for p in paths]) == [True, False, False, False, True, True,
+                                                        False]
+    assert io.exists_files([]) == []
+
+
+def test_exists_files_takes_a_lookup_batch_in_one_call(io, tmp_path: Path) -> None:
+    names = [str(tmp_path / f"{i:04d}") for i in range(1000)]
+    for n in names[::3]:
+        Path(n).touch()
+    assert io.exists_files(names) == [i % 3 == 0 for i in range(1000)]
 
 
 # -- read_file -----------------------------------------------------------------
