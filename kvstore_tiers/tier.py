@@ -310,6 +310,12 @@ class KVStoreTier(SecondaryTierManager):
         self.backend: Backend = backend_cls(config, self.namespace)
         self.backend.open()
         self._store_batch = self.backend.max_store_batch or self.backend.max_batch
+        self._load_batch = self.backend.max_batch
+        if self.backend.spread_loads and self.backend.max_load_batch_bytes:
+            self._load_batch = max(1, min(self._load_batch, self.backend.max_load_batch_bytes
+                                          // max(1, self._block_size_bytes)))
+        self._spread_loads = self.backend.spread_loads
+        self._read_threads = max(1, config.n_read_threads)
         self._closed = False
         self._flat: memoryview | None = primary_kv_view.cast("B")
 
@@ -547,15 +553,22 @@ class KVStoreTier(SecondaryTierManager):
             self._ready.append(JobResult(job_id=tj.job_id, success=True, transfer_time=0.0))
             return
         timeout = self.config.load_timeout_s
-        # The job is queued once; I/O threads take it ``max_batch`` chunks at a
-        # time (``max_store_batch`` for stores; fs: one per load, eight per
-        # store; a pipeline's worth for redis/s3), so a request's chunks move
-        # in parallel at no cost to this thread.
+        # The job is queued once; I/O threads take it a batch at a time, so a
+        # request's chunks move in parallel at no cost to this thread. Stores
+        # go ``max_store_batch`` chunks per task, loads ``max_batch`` (fs:
+        # eight; a pipeline's worth for redis/s3) -- with ``spread_loads``
+        # (fs) a load is first spread over every read thread, as it sits on
+        # time-to-first-token.
+        batch = self._store_batch
+        if is_load:
+            batch = self._load_batch
+            if self._spread_loads:
+                batch = min(batch, -(-len(keys) // self._read_threads))
         job = _Job(
             self, tj.job_id, is_load=is_load, req_id=tj.req_context.req_id, keys=keys,
             cids=cids, submit_time=tj.submit_time,
             deadline=time.monotonic() + timeout if is_load and timeout else None,
-            batch=self._store_batch if not is_load else self.backend.max_batch,
+            batch=batch,
         )
         if not is_load:
             # In the index at once (later stores of these keys skip), stored

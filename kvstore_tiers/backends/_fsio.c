@@ -23,6 +23,12 @@
  *   64), with the GIL released once for all of them. Per item, in order: the
  *   bytes written (0: it existed) or the OSError it met, returned, not raised.
  *
+ * read_files(items) -> list
+ *
+ *   read_file for each (path, buffers, flags) of ``items`` (at most 64), with
+ *   the GIL released once for all of them. Per item, in order: (n, size) or
+ *   the OSError it met, returned, not raised.
+ *
  * exists_files(paths) -> list[bool]
  *
  *   Whether each path exists (access(F_OK) succeeds; any error is False, as
@@ -117,6 +123,38 @@ oserror(int err, const char *name)
     return NULL;
 }
 
+/* The read itself (see read_file above); runs without the GIL. Returns 0 or
+ * an errno, with *n the bytes read and *size the file's size. */
+static int
+read_one(const char *path, const Buffers *b, int flags, ssize_t *n, off_t *size)
+{
+    int err = 0;
+    *n = -1;
+    *size = -1;
+    int fd;
+    do {
+        fd = open(path, O_RDONLY | O_CLOEXEC | flags);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0)
+        return errno;
+    do {
+        *n = readv(fd, b->iov, (int)b->count);
+    } while (*n < 0 && errno == EINTR);
+    if (*n < 0) {
+        err = errno;
+    } else if (*n == b->total) {
+        struct stat st;
+        if (fstat(fd, &st) == 0)
+            *size = st.st_size;
+        else
+            err = errno;
+    } else {
+        *size = *n;
+    }
+    close(fd); /* read-only: a failed close loses nothing */
+    return err;
+}
+
 static PyObject *
 read_file(PyObject *module, PyObject *args)
 {
@@ -133,33 +171,11 @@ read_file(PyObject *module, PyObject *args)
         goto out;
 
     const char *path = PyBytes_AS_STRING(path_obj);
-    ssize_t n = -1;
-    off_t size = -1;
-    int err = 0;
+    ssize_t n;
+    off_t size;
+    int err;
     Py_BEGIN_ALLOW_THREADS
-    int fd;
-    do {
-        fd = open(path, O_RDONLY | O_CLOEXEC | flags);
-    } while (fd < 0 && errno == EINTR);
-    if (fd < 0) {
-        err = errno;
-    } else {
-        do {
-            n = readv(fd, b.iov, (int)b.count);
-        } while (n < 0 && errno == EINTR);
-        if (n < 0) {
-            err = errno;
-        } else if (n == b.total) {
-            struct stat st;
-            if (fstat(fd, &st) == 0)
-                size = st.st_size;
-            else
-                err = errno;
-        } else {
-            size = n;
-        }
-        close(fd); /* read-only: a failed close loses nothing */
-    }
+    err = read_one(path, &b, flags, &n, &size);
     Py_END_ALLOW_THREADS
 
     result = err ? oserror(err, path) : Py_BuildValue("(nL)", (Py_ssize_t)n, (long long)size);
@@ -239,78 +255,130 @@ out:
     return result;
 }
 
-/* One item of publish_files: its names, buffers, flags and outcome. */
+/* One file of publish_files or read_files: its names, buffers, flags and
+ * outcome. */
 typedef struct {
-    PyObject *tmp, *path; /* bytes, from PyUnicode_FSConverter */
+    PyObject *tmp, *path; /* bytes, from PyUnicode_FSConverter; no tmp to read */
     Buffers b;
     int flags;
     int err;
     ssize_t n;
+    off_t size;
     const char *failed;
 } Item;
 
 #define MAX_ITEMS 64
 
-static PyObject *
-publish_files(PyObject *module, PyObject *items_obj)
+/* Parse ``items_obj``, a sequence of at most MAX_ITEMS tuples -- (tmp, path,
+ * buffers, flags) to publish, (path, buffers, flags) to read -- into a new
+ * array at *items, of which *ready entries hold references. Returns the
+ * count, or -1 with an exception set; items_free() must follow either way. */
+static Py_ssize_t
+items_get(PyObject *items_obj, int reading, Item **items, Py_ssize_t *ready)
 {
-    (void)module;
+    *items = NULL;
+    *ready = 0;
     PyObject *seq = PySequence_Fast(items_obj, "items must be a sequence");
     if (seq == NULL)
-        return NULL;
-    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq), ready = 0;
-    PyObject *result = NULL;
-    Item *items = NULL;
+        return -1;
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
     if (count > MAX_ITEMS) {
         PyErr_Format(PyExc_ValueError, "takes at most %d items", MAX_ITEMS);
-        goto out;
+        goto fail;
     }
-    items = PyMem_Calloc((size_t)(count ? count : 1), sizeof(Item));
-    if (items == NULL) {
+    *items = PyMem_Calloc((size_t)(count ? count : 1), sizeof(Item));
+    if (*items == NULL) {
         PyErr_NoMemory();
-        goto out;
+        goto fail;
     }
-    for (; ready < count; ready++) {
-        Item *it = &items[ready];
-        PyObject *buffers;
-        if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, ready),
-                              "O&O&Oi;an item is (tmp, path, buffers, flags)",
-                              PyUnicode_FSConverter, &it->tmp, PyUnicode_FSConverter,
-                              &it->path, &buffers, &it->flags))
-            goto out;
-        if (buffers_get(&it->b, buffers, 0) < 0) {
-            ready++; /* its names and any views it took are released below */
-            goto out;
+    for (; *ready < count; (*ready)++) {
+        Item *it = &(*items)[*ready];
+        PyObject *tuple = PySequence_Fast_GET_ITEM(seq, *ready), *buffers;
+        int ok = reading
+            ? PyArg_ParseTuple(tuple, "O&Oi;an item is (path, buffers, flags)",
+                               PyUnicode_FSConverter, &it->path, &buffers, &it->flags)
+            : PyArg_ParseTuple(tuple, "O&O&Oi;an item is (tmp, path, buffers, flags)",
+                               PyUnicode_FSConverter, &it->tmp, PyUnicode_FSConverter,
+                               &it->path, &buffers, &it->flags);
+        if (!ok)
+            goto fail;
+        if (buffers_get(&it->b, buffers, reading) < 0) {
+            (*ready)++; /* its names and any views it took are released by items_free */
+            goto fail;
         }
     }
+    Py_DECREF(seq); /* each item holds its own references from here */
+    return count;
+fail:
+    Py_DECREF(seq);
+    return -1;
+}
 
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < count; i++) {
-        Item *it = &items[i];
-        it->err = publish_one(PyBytes_AS_STRING(it->tmp), PyBytes_AS_STRING(it->path), &it->b,
-                              it->flags, &it->n, &it->failed);
-    }
-    Py_END_ALLOW_THREADS
-
-    result = PyList_New(count);
-    for (Py_ssize_t i = 0; result != NULL && i < count; i++) {
-        Item *it = &items[i];
-        /* A failure's OSError is returned in its place, not raised. */
-        PyObject *value = it->err ? oserror_new(it->err, it->failed) : PyLong_FromSsize_t(it->n);
-        if (value == NULL)
-            Py_CLEAR(result);
-        else
-            PyList_SET_ITEM(result, i, value);
-    }
-out:
+static void
+items_free(Item *items, Py_ssize_t ready)
+{
     for (Py_ssize_t i = 0; items != NULL && i < ready; i++) {
         buffers_release(&items[i].b); /* calloc'd: safe before buffers_get too */
         Py_XDECREF(items[i].tmp);
         Py_XDECREF(items[i].path);
     }
     PyMem_Free(items);
-    Py_DECREF(seq);
+}
+
+/* publish_files (reading 0) and read_files (reading 1): every item with the
+ * GIL released once, then per item its result or its OSError, not raised. */
+static PyObject *
+run_items(PyObject *items_obj, int reading)
+{
+    Item *items;
+    Py_ssize_t ready;
+    Py_ssize_t count = items_get(items_obj, reading, &items, &ready);
+    PyObject *result = NULL;
+    if (count < 0)
+        goto out;
+
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t i = 0; i < count; i++) {
+        Item *it = &items[i];
+        if (reading) {
+            it->failed = PyBytes_AS_STRING(it->path);
+            it->err = read_one(it->failed, &it->b, it->flags, &it->n, &it->size);
+        } else {
+            it->err = publish_one(PyBytes_AS_STRING(it->tmp), PyBytes_AS_STRING(it->path),
+                                  &it->b, it->flags, &it->n, &it->failed);
+        }
+    }
+    Py_END_ALLOW_THREADS
+
+    result = PyList_New(count);
+    for (Py_ssize_t i = 0; result != NULL && i < count; i++) {
+        Item *it = &items[i];
+        PyObject *value = it->err   ? oserror_new(it->err, it->failed)
+                          : reading ? Py_BuildValue("(nL)", (Py_ssize_t)it->n,
+                                                    (long long)it->size)
+                                    : PyLong_FromSsize_t(it->n);
+        if (value == NULL)
+            Py_CLEAR(result);
+        else
+            PyList_SET_ITEM(result, i, value);
+    }
+out:
+    items_free(items, ready);
     return result;
+}
+
+static PyObject *
+publish_files(PyObject *module, PyObject *items_obj)
+{
+    (void)module;
+    return run_items(items_obj, 0);
+}
+
+static PyObject *
+read_files(PyObject *module, PyObject *items_obj)
+{
+    (void)module;
+    return run_items(items_obj, 1);
 }
 
 static PyObject *
@@ -359,6 +427,9 @@ static PyMethodDef methods[] = {
     {"publish_files", publish_files, METH_O,
      "publish_files(items) -> list: publish_file for each (tmp, path, buffers, flags), with "
      "the GIL released once; per item bytes written (0: existed) or the OSError."},
+    {"read_files", read_files, METH_O,
+     "read_files(items) -> list: read_file for each (path, buffers, flags), with the GIL "
+     "released once; per item (n, size) or the OSError."},
     {"exists_files", exists_files, METH_O,
      "exists_files(paths) -> list[bool]: whether each path exists (access F_OK), with the "
      "GIL released once."},

@@ -22,9 +22,10 @@ Contract of the data methods (called concurrently from several threads):
 
 ``store_many``/``load_many`` are the batched entry points the core calls,
 with at most ``max_store_batch`` (stores; ``max_batch`` if None) or
-``max_batch`` (loads) items; the defaults loop over ``store_one``/``load_one``,
-which a backend may override for zero-copy paths (fs) and batches override
-for pipelining (redis) or one call per batch (fs stores).
+``max_batch`` (loads; fewer with ``spread_loads``) items; the defaults loop
+over ``store_one``/``load_one``, which a backend may override for zero-copy
+paths (fs) and batches override for pipelining (redis) or one call per
+batch (fs).
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ class Backend(ABC):
     #: need to finish, not to start at once, so a backend may take them in
     #: larger batches than loads, which sit on time-to-first-token.
     max_store_batch: ClassVar[int | None] = None
+    #: Spread a load job over every read thread before filling batches: a
+    #: 16-chunk load on 8 threads goes 2 chunks per task, not ``max_batch``
+    #: (fs: each file is its own read, so threads are what makes them
+    #: parallel; redis/s3 overlap a batch's requests within one task).
+    spread_loads: ClassVar[bool] = False
+    #: With ``spread_loads``: at most this many bytes of rows per load task
+    #: (at least one row), so a task's latency stays about one large read.
+    max_load_batch_bytes: ClassVar[int | None] = None
 
     def __init__(self, config: Any, namespace: Namespace) -> None:
         self.config = config

@@ -16,9 +16,9 @@ store made two directories per block), and a directory holds ~2,500 files at
   aligned, straight in the primary row with one ``readv``.
 * Capacity: ``max_bytes`` and/or ``min_free_bytes``, enforced by
   :mod:`kvstore_tiers.backends.fs_capacity`.
-* Each load is one open-read-close call, each store batch (up to
-  ``max_store_batch`` blocks) one create-write-close-rename call for all its
-  files (:mod:`kvstore_tiers.backends.fs_io`), compiled where a C compiler exists.
+* Each load batch is one open-read-close call for all its files, each store
+  batch one create-write-close-rename call (up to ``max_batch`` blocks each;
+  :mod:`kvstore_tiers.backends.fs_io`), compiled where a C compiler exists.
 * Errors: a missing file is ObjectMissing; a short or malformed file is
   ObjectCorrupt; any other OSError (ENOSPC, EACCES, EIO) is TransientError.
 """
@@ -128,13 +128,19 @@ class FileSystemBackend(Backend):
     config_model = FsConfig
     remote = False
     header_align = PAGE
-    max_batch = 1
-    # Eight stores per task, one publish call for the eight: per-file GIL
-    # round trips and pool hand-offs were what kept 256 KiB stores from 4
+    # Up to eight files per I/O task, one GIL-free call for the eight: per-file
+    # GIL round trips and pool hand-offs were what kept 256 KiB stores from 4
     # requests at 0.67x of vLLM's tier on tmpfs (0.95x with 8, 0.85x with 4,
-    # no gain at 16; docs/benchmarks.md, session 9). Loads stay one per task:
-    # they sit on time-to-first-token, and a small request's chunks go wide.
-    max_store_batch = 8
+    # no gain at 16; docs/benchmarks.md, session 9), and loads pay the same
+    # round trips behind a busy scheduler thread. A load job is still spread
+    # over every read thread first (a 16-chunk job on 8 threads goes two per
+    # task), since loads sit on time-to-first-token.
+    max_batch = 8
+    spread_loads = True
+    # Eight 256 KiB loads per call gained 1.25x over one on tmpfs, 1.07x on
+    # the disk; eight 2 MiB ones lost 0.88x on tmpfs (the job waits for its
+    # last, larger task), so a load task carries at most 2 MiB of rows.
+    max_load_batch_bytes = 2 << 20
 
     def __init__(self, config: FsConfig, namespace: Any) -> None:
         super().__init__(config, namespace)
@@ -206,13 +212,16 @@ class FileSystemBackend(Backend):
             local.seq = itertools.count()
         return f"{path}.{tag}{next(local.seq):x}.tmp"
 
-    def _pages(self) -> tuple[memoryview, memoryview]:
-        """This thread's two page-aligned pages (for O_DIRECT): a load's frame
-        header (its first ``readv`` part) and its overflow page."""
-        pages = getattr(self._local, "pages", None)
-        if pages is None:
-            view = memoryview(mmap.mmap(-1, 2 * PAGE))
-            pages = self._local.pages = (view[:PAGE], view[PAGE:])
+    def _load_pages(self, n: int) -> list[tuple[memoryview, memoryview]]:
+        """This thread's page-aligned page pairs for a load batch of ``n`` (for
+        O_DIRECT): each file's frame header (its first ``readv`` part) and its
+        overflow page."""
+        pages: list[tuple[memoryview, memoryview]] = getattr(self._local, "pages", [])
+        if len(pages) < n:
+            view = memoryview(mmap.mmap(-1, 2 * n * PAGE))
+            pages = self._local.pages = [(view[2 * i * PAGE:(2 * i + 1) * PAGE],
+                                          view[(2 * i + 1) * PAGE:(2 * i + 2) * PAGE])
+                                         for i in range(n)]
         return pages
 
     def _header_pages(self, n: int) -> list[memoryview]:
@@ -318,20 +327,46 @@ class FileSystemBackend(Backend):
         return out
 
     def load_one(self, item: LoadItem, codec: FrameCodec) -> None:
-        path = self.path(item.name)
-        dest = item.dest
-        hdr, overflow = self._pages()
-        direct = self.use_o_direct and len(dest) % PAGE == 0
-        try:
+        err = self.load_many((item,), codec)[0]
+        if err is not None:
+            raise err
+
+    def load_many(self, items: Sequence[LoadItem], codec: FrameCodec
+                  ) -> list[BaseException | None]:
+        """Read every item's file with one GIL-free call (:func:`fs_io.read_files`),
+        then check and place each frame; per item ``None`` or its error."""
+        pages = self._load_pages(len(items))
+        batch: list[fs_io.ReadItem] = []
+        for item, (hdr, overflow) in zip(items, pages, strict=False):
             # Our own frames: a 4096-byte header then, uncompressed, the row
             # itself -- one vectored read puts the payload where it belongs.
             # A read that stops short of filling the overflow page has met
             # the end of the file, so its length is the file's size without
             # an fstat (on a busy engine every syscall is one more wait for
             # the GIL); only a file that fills it needs one.
-            n, size = fs_io.read_file(path, [hdr, dest, overflow], O_DIRECT if direct else 0)
-        except OSError as exc:
-            raise _classify_oserror(exc, path) from exc
+            direct = self.use_o_direct and len(item.dest) % PAGE == 0
+            batch.append((self.path(item.name), [hdr, item.dest, overflow],
+                          O_DIRECT if direct else 0))
+        out: list[BaseException | None] = []
+        for item, (path, parts, _flags), res in zip(items, batch, fs_io.read_files(batch),
+                                                    strict=True):
+            try:
+                if isinstance(res, OSError):
+                    raise _classify_oserror(res, path) from res
+                self._place(item, codec, path, parts[0], res)
+                out.append(None)
+            except Exception as exc:
+                out.append(classify(exc))
+        return out
+
+    def _place(self, item: LoadItem, codec: FrameCodec, path: str, hdr: memoryview,
+               read: tuple[int, int]) -> None:
+        """Check one file's frame, read with its header into ``hdr`` and its
+        first ``len(item.dest)`` payload bytes into the row; decode it there
+        if it is compressed. Raises ObjectCorrupt for anything but our frame
+        of this key."""
+        n, size = read
+        dest = item.dest
         header = parse_header(hdr[: min(n, PAGE)])
         check_header(header, key=item.key, namespace=codec.namespace, raw_len=len(dest))
         if size != header.total_len:

@@ -13,6 +13,9 @@
   :func:`publish_file` for each (tmp, path, buffers, flags), errors returned
   rather than raised, so one full disk or missing directory fails its own
   item only. A store batch is one call.
+* :func:`read_files` (items) -> per item, (bytes read, file size) or the
+  OSError: :func:`read_file` for each (path, buffers, flags), errors returned
+  rather than raised. A load batch is one call.
 * :func:`exists_files` (paths) -> per path, whether it exists (as
   ``os.path.exists``): an async lookup's batch is one call.
 
@@ -34,9 +37,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
-    "MAX_PUBLISH_ITEMS",
+    "MAX_ITEMS",
     "NATIVE",
     "PublishItem",
+    "ReadItem",
     "exists_files",
     "exists_files_py",
     "publish_file",
@@ -45,11 +49,15 @@ __all__ = [
     "publish_files_py",
     "read_file",
     "read_file_py",
+    "read_files",
+    "read_files_py",
 ]
 
 Buffer = Any  # bytes-like (a memoryview of a primary row, bytes, mmap)
 #: One file for :func:`publish_files`: (tmp, path, buffers, flags).
 PublishItem = tuple[str, str, Sequence[Buffer], int]
+#: One file for :func:`read_files`: (path, buffers, flags).
+ReadItem = tuple[str, Sequence[Buffer], int]
 
 
 def read_file_py(path: str, buffers: Sequence[Buffer], flags: int) -> tuple[int, int]:
@@ -93,15 +101,15 @@ def publish_file_py(tmp: str, path: str, buffers: Sequence[Buffer], flags: int) 
     return n
 
 
-#: Most files one :func:`publish_files` call takes.
-MAX_PUBLISH_ITEMS = 64
+#: Most files one :func:`publish_files` or :func:`read_files` call takes.
+MAX_ITEMS = 64
 
 
 def publish_files_py(items: Sequence[PublishItem]) -> list[int | OSError]:
     """Pure-Python :func:`publish_files`."""
     # Refuse a bad batch before writing any of it, as the compiled call does.
-    if len(items) > MAX_PUBLISH_ITEMS:
-        raise ValueError(f"takes at most {MAX_PUBLISH_ITEMS} items")
+    if len(items) > MAX_ITEMS:
+        raise ValueError(f"takes at most {MAX_ITEMS} items")
     for _tmp, _path, buffers, _flags in items:
         for b in buffers:
             memoryview(b).release()
@@ -109,6 +117,24 @@ def publish_files_py(items: Sequence[PublishItem]) -> list[int | OSError]:
     for tmp, path, buffers, flags in items:
         try:
             out.append(publish_file_py(tmp, path, buffers, flags))
+        except OSError as exc:
+            out.append(exc)
+    return out
+
+
+def read_files_py(items: Sequence[ReadItem]) -> list[tuple[int, int] | OSError]:
+    """Pure-Python :func:`read_files`."""
+    if len(items) > MAX_ITEMS:
+        raise ValueError(f"takes at most {MAX_ITEMS} items")
+    for _path, buffers, _flags in items:  # refuse a bad batch before reading any of it
+        for b in buffers:
+            with memoryview(b) as view:
+                if view.readonly:
+                    raise BufferError("buffers must be writable")
+    out: list[tuple[int, int] | OSError] = []
+    for path, buffers, flags in items:
+        try:
+            out.append(read_file_py(path, buffers, flags))
         except OSError as exc:
             out.append(exc)
     return out
@@ -122,6 +148,7 @@ def exists_files_py(paths: Sequence[str]) -> list[bool]:
 read_file: Callable[[str, Sequence[Buffer], int], tuple[int, int]] = read_file_py
 publish_file: Callable[[str, str, Sequence[Buffer], int], int] = publish_file_py
 publish_files: Callable[[Sequence[PublishItem]], list[int | OSError]] = publish_files_py
+read_files: Callable[[Sequence[ReadItem]], list[tuple[int, int] | OSError]] = read_files_py
 exists_files: Callable[[Sequence[str]], list[bool]] = exists_files_py
 if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
     with contextlib.suppress(ImportError):  # not compiled here: the Python set
@@ -130,5 +157,6 @@ if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
             publish_file,
             publish_files,
             read_file,
+            read_files,
         )
 NATIVE = read_file is not read_file_py

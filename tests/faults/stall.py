@@ -8,6 +8,7 @@ Configured through vLLM's ``module_path`` route::
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 from kvstore_tiers.backends.base import LoadItem
@@ -17,17 +18,19 @@ from kvstore_tiers.tier import KVStoreTier
 
 
 class StallFsBackend(FileSystemBackend):
-    """fs backend whose ``load_one`` waits for ``gate`` (open by default)."""
+    """fs backend whose loads (``load_many``, every load batch) wait for
+    ``gate`` (open by default)."""
 
     gate = threading.Event()
     #: Set when a load is stuck at the gate.
     stalled = threading.Event()
 
-    def load_one(self, item: LoadItem, codec: FrameCodec) -> None:
+    def load_many(self, items: Sequence[LoadItem], codec: FrameCodec
+                  ) -> list[BaseException | None]:
         if not self.gate.is_set():
             self.stalled.set()
             self.gate.wait(30)
-        super().load_one(item, codec)
+        return super().load_many(items, codec)
 
 
 StallFsBackend.gate.set()

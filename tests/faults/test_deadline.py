@@ -1,6 +1,6 @@
 """Load deadlines: a stuck backend never holds a request, and never writes a row late.
 
-The backend blocks inside ``load_one`` (an Event), as a hung NFS read or a
+The backend blocks inside ``load_many`` (an Event), as a hung NFS read or a
 stalled socket would. The load must be reported failed right after
 ``load_timeout_s`` from ``get_finished_jobs`` (no scheduler call blocks),
 the request recomputes (MISS), and when the stuck thread finally returns

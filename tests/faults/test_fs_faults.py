@@ -102,10 +102,10 @@ def test_writer_killed_mid_write_leaves_no_torn_object(tmp_path: Path) -> None:
 class _Inject:
     """Make one fs I/O call fail with ``err`` for our objects while armed.
 
-    The fs backend's file work is one call per load (``fs_io.read_file``) and
-    one per store batch (``fs_io.publish_files``, which returns each file's
-    error); compiled, so ``os`` is not involved: the error is injected there,
-    as the syscall inside would give it.
+    The fs backend's file work is one call per load batch (``fs_io.read_files``)
+    and one per store batch (``fs_io.publish_files``), each returning every
+    file's error; compiled, so ``os`` is not involved: the error is injected
+    there, as the syscall inside would give it.
     """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, fn: str, err: int) -> None:
@@ -117,15 +117,13 @@ class _Inject:
             self.hits += 1
             return OSError(err, os.strerror(err), path)
 
-        def fake(*a: Any, **kw: Any) -> Any:
-            if ".kvf" in str(a[0]):
-                raise fail(a[0])
-            return self.real(*a, **kw)
+        # The object's path is an item's second field in a publish, its first in a read.
+        at = 1 if fn == "publish_files" else 0
 
-        def fake_batch(items: list[fs_io.PublishItem]) -> list[int | OSError]:
-            return [fail(it[0]) if ".kvf" in it[1] else self.real([it])[0] for it in items]
+        def fake_batch(items: list[Any]) -> list[Any]:
+            return [fail(it[0]) if ".kvf" in it[at] else self.real([it])[0] for it in items]
 
-        monkeypatch.setattr(fs_io, fn, fake_batch if fn == "publish_files" else fake)
+        monkeypatch.setattr(fs_io, fn, fake_batch)
 
 
 @pytest.mark.parametrize("fn,err", [("publish_files", errno.ENOSPC),
@@ -146,7 +144,7 @@ def test_store_errors(driver: Driver, monkeypatch: pytest.MonkeyPatch, fn: str, 
     assert driver.fetch(keys) == [HIT] * 6
 
 
-@pytest.mark.parametrize("fn,err", [("read_file", errno.EIO), ("read_file", errno.EACCES)])
+@pytest.mark.parametrize("fn,err", [("read_files", errno.EIO), ("read_files", errno.EACCES)])
 def test_load_errors(driver: Driver, monkeypatch: pytest.MonkeyPatch, fn: str, err: int) -> None:
     keys = make_keys(6, seed=4)
     driver.store(keys, rows_for(keys, driver.row_bytes))

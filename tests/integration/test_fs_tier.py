@@ -39,6 +39,9 @@ def io_path(request, monkeypatch) -> str:
                         _fsio.publish_file if native else fs_io.publish_file_py)
     monkeypatch.setattr(fs_io, "publish_files",
                         _fsio.publish_files if native else fs_io.publish_files_py)
+    monkeypatch.setattr(fs_io, "read_files", _fsio.read_files if native else fs_io.read_files_py)
+    monkeypatch.setattr(fs_io, "exists_files",
+                        _fsio.exists_files if native else fs_io.exists_files_py)
     return request.param
 
 
@@ -79,6 +82,51 @@ def test_stores_are_published_eight_files_per_call(harness_factory, tmp_path, mo
     h.forget_primary()
     ctx = h.new_request()
     assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 20
+    assert np.array_equal(h.load(keys, ctx), rows)
+
+
+def test_a_load_job_goes_wide_first_then_eight_files_per_call(harness_factory, tmp_path,
+                                                             monkeypatch) -> None:
+    # A request's load is spread over every read thread (time-to-first-token),
+    # and a big one is read eight files per GIL-free call, not one.
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=160,
+                        chunk_bytes=ROW)
+    small, big = make_keys(20, seed=9), make_keys(128, seed=10)
+    rows_small, rows_big = rows_like(20, ROW), rows_like(128, ROW, seed=3)
+    h.store_all(small, rows_small)
+    h.store_all(big, rows_big)
+    h.forget_primary()
+    real, calls = fs_io.read_files, []
+
+    def counting(items):
+        calls.append(len(items))
+        return real(items)
+
+    monkeypatch.setattr(fs_io, "read_files", counting)
+    for keys, rows, expect in ((small, rows_small, [2] + [3] * 6),  # 20 over 8 threads
+                               (big, rows_big, [8] * 16)):
+        calls.clear()
+        ctx = h.new_request()
+        assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * len(keys)
+        assert sorted(calls) == expect
+        assert np.array_equal(h.load(keys, ctx), rows)
+        h.finish_request(ctx)
+
+
+def test_a_load_task_carries_at_most_two_mib(harness_factory, tmp_path, monkeypatch) -> None:
+    # Eight 2 MiB reads in one task made a job wait on its last, larger task
+    # (docs/benchmarks.md, session 10): 1 MiB rows go two per call.
+    mib = 1 << 20
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=24,
+                        chunk_bytes=mib)
+    keys, rows = make_keys(24, seed=11), rows_like(24, mib)
+    h.store_all(keys, rows)
+    h.forget_primary()
+    real, calls = fs_io.read_files, []
+    monkeypatch.setattr(fs_io, "read_files", lambda items: calls.append(len(items)) or real(items))
+    ctx = h.new_request()
+    assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 24
+    assert calls == [2] * 12
     assert np.array_equal(h.load(keys, ctx), rows)
 
 
@@ -255,11 +303,12 @@ def test_load_io_error_is_a_failed_key_not_an_exception(
     h.store_all(keys, rows)
     h.forget_primary()
 
-    def eio(path, *a, **k):
-        raise OSError(errno.EIO, "Input/output error", path)
+    def eio(items):
+        return [OSError(errno.EIO, "Input/output error", path) for path, _b, _f in items]
 
-    # The read is one compiled call (or its Python twin): inject there.
-    monkeypatch.setattr(fs_io, "read_file", eio)
+    # A load batch is one compiled call (or its Python twin), which returns
+    # each file's error: inject there.
+    monkeypatch.setattr(fs_io, "read_files", eio)
     ctx = h.new_request()
     assert h.lookup_until_resolved(keys, ctx)[0] == [MISS] * 3
     assert h.tiers[0].counters.load_failures == 3

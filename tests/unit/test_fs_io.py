@@ -26,7 +26,8 @@ def _native() -> SimpleNamespace:
     from kvstore_tiers.backends import _fsio
 
     return SimpleNamespace(read_file=_fsio.read_file, publish_file=_fsio.publish_file,
-                           publish_files=_fsio.publish_files, exists_files=_fsio.exists_files)
+                           publish_files=_fsio.publish_files, exists_files=_fsio.exists_files,
+                           read_files=_fsio.read_files)
 
 
 @pytest.fixture(params=["native", "python"])
@@ -35,7 +36,7 @@ def io(request) -> SimpleNamespace:
         return _native()
     return SimpleNamespace(read_file=fs_io.read_file_py, publish_file=fs_io.publish_file_py,
                            publish_files=fs_io.publish_files_py,
-                           exists_files=fs_io.exists_files_py)
+                           exists_files=fs_io.exists_files_py, read_files=fs_io.read_files_py)
 
 
 def _open_fds() -> int:
@@ -67,6 +68,51 @@ def test_the_native_calls_are_built_and_used() -> None:
         assert fs_io.publish_file is native.publish_file
         assert fs_io.publish_files is native.publish_files
         assert fs_io.exists_files is native.exists_files
+        assert fs_io.read_files is native.read_files
+
+
+# -- read_files --------------------------------------------------------------------
+def test_read_files_gives_each_file_its_own_outcome_in_order(io, tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"A" * 10)
+    (tmp_path / "b").write_bytes(b"B" * 100)
+    (tmp_path / "d").mkdir()
+    bufs = [[bytearray(4), bytearray(20)], [bytearray(3)], [bytearray(8), bytearray(100)],
+            [bytearray(5)]]
+    paths = [tmp_path / "a", tmp_path / "missing", tmp_path / "b", tmp_path / "d"]
+    before = _open_fds()
+    out = io.read_files([(str(p), b, 0) for p, b in zip(paths, bufs, strict=True)])
+    assert _open_fds() == before
+    assert out[0] == (10, 10) and bytes(bufs[0][0]) == b"AAAA" and bufs[0][1][:6] == b"A" * 6
+    # A miss or a directory fails that file only, named, as read_file raises it.
+    assert isinstance(out[1], FileNotFoundError) and out[1].filename == str(paths[1])
+    assert out[2] == (100, 100) and bytes(bufs[2][0]) + bufs[2][1][:92] == b"B" * 100
+    assert isinstance(out[3], IsADirectoryError) and out[3].errno == errno.EISDIR
+    # A file that fills its buffers reports its real size.
+    assert io.read_files([(str(paths[2]), [bytearray(10)], 0)]) == [(10, 100)]
+    assert io.read_files([]) == []
+
+
+def test_read_files_refuses_a_bad_batch_before_reading_any_of_it(io, tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"new")
+    first = bytearray(b"old")
+    with pytest.raises((TypeError, BufferError)):
+        io.read_files([(str(tmp_path / "a"), [first], 0), (str(tmp_path / "a"), [b"ro"], 0)])
+    assert first == b"old"
+    with pytest.raises(ValueError):
+        io.read_files([(str(tmp_path / "a"), [bytearray(3)], 0)] * 65)
+
+
+def test_read_files_o_direct_into_aligned_pages(io, tmp_path: Path) -> None:
+    if not fs.probe_o_direct(str(tmp_path)):
+        pytest.skip("no O_DIRECT on this filesystem")
+    data = [os.urandom(2 * PAGE), os.urandom(PAGE)]
+    for i, d in enumerate(data):
+        (tmp_path / f"{i}").write_bytes(d)
+    bufs = [mmap.mmap(-1, 3 * PAGE) for _ in data]
+    out = io.read_files([(str(tmp_path / f"{i}"), [memoryview(b)], fs.O_DIRECT)
+                         for i, b in enumerate(bufs)])
+    assert out == [(2 * PAGE, 2 * PAGE), (PAGE, PAGE)]
+    assert [bytes(b[: len(d)]) for b, d in zip(bufs, data, strict=True)] == data
 
 
 # -- exists_files ------------------------------------------------------------------
