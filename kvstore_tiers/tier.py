@@ -244,6 +244,11 @@ class _TouchJob(PoolJob):
         return
 
 
+_CLOSED = BreakerState.CLOSED
+#: Presence-index lookup default: no receipt (``None``) is "stored".
+_ABSENT = object()
+
+
 class _BackendLookup(AsyncLookupManager):
     """vLLM's AsyncLookupManager over ``Backend.exists_many`` (worker thread)."""
 
@@ -368,11 +373,20 @@ class KVStoreTier(SecondaryTierManager):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         try:
-            failed = self._failed_by_req.get(req_context.req_id)
-            if (failed and key in failed) or self.breaker.is_open:
+            # The common case first, in as few attribute lookups and calls as
+            # it takes: vLLM calls this for every block of every waiting
+            # request, every step. No failed loads anywhere, circuit closed,
+            # and the key stored by this process: HIT.
+            if self._failed_by_req:
+                failed = self._failed_by_req.get(req_context.req_id)
+                if failed and key in failed:
+                    return LookupResult.MISS
+            breaker = self.breaker
+            if breaker.state is not _CLOSED and breaker.is_open:
                 return LookupResult.MISS
-            if self._presence.stored(key):
-                return LookupResult.HIT
+            receipt = self._presence.get(key, _ABSENT)
+            if receipt is None or (receipt is not _ABSENT and receipt.done):
+                return LookupResult.HIT  # see PresenceIndex.stored
             found = self._lookup.lookup(key, req_context)
             if found is None:
                 return LookupResult.RETRY
