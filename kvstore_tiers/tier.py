@@ -245,8 +245,6 @@ class _TouchJob(PoolJob):
 
 
 _CLOSED = BreakerState.CLOSED
-#: Presence-index lookup default: no receipt (``None``) is "stored".
-_ABSENT = object()
 
 
 class _BackendLookup(AsyncLookupManager):
@@ -316,7 +314,7 @@ class KVStoreTier(SecondaryTierManager):
         self.backend.open()
         self._store_batch = self.backend.max_store_batch or self.backend.max_batch
         self._load_batch = self.backend.max_batch
-        if self.backend.spread_loads and self.backend.max_load_batch_bytes:
+        if self.backend.max_load_batch_bytes:
             self._load_batch = max(1, min(self._load_batch, self.backend.max_load_batch_bytes
                                           // max(1, self._block_size_bytes)))
         self._spread_loads = self.backend.spread_loads
@@ -373,10 +371,10 @@ class KVStoreTier(SecondaryTierManager):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         try:
-            # The common case first, in as few attribute lookups and calls as
-            # it takes: vLLM calls this for every block of every waiting
-            # request, every step. No failed loads anywhere, circuit closed,
-            # and the key stored by this process: HIT.
+            # The common case in few attribute lookups and calls: vLLM calls
+            # this for every block of every waiting request, every step. No
+            # failed loads anywhere, circuit closed, and the key stored by
+            # this process: HIT.
             if self._failed_by_req:
                 failed = self._failed_by_req.get(req_context.req_id)
                 if failed and key in failed:
@@ -384,9 +382,8 @@ class KVStoreTier(SecondaryTierManager):
             breaker = self.breaker
             if breaker.state is not _CLOSED and breaker.is_open:
                 return LookupResult.MISS
-            receipt = self._presence.get(key, _ABSENT)
-            if receipt is None or (receipt is not _ABSENT and receipt.done):
-                return LookupResult.HIT  # see PresenceIndex.stored
+            if self._presence.stored(key):
+                return LookupResult.HIT
             found = self._lookup.lookup(key, req_context)
             if found is None:
                 return LookupResult.RETRY

@@ -98,8 +98,8 @@ class Backend(ABC):
     #: (fs: each file is its own read, so threads are what makes them
     #: parallel; redis/s3 overlap a batch's requests within one task).
     spread_loads: ClassVar[bool] = False
-    #: With ``spread_loads``: at most this many bytes of rows per load task
-    #: (at least one row), so a task's latency stays about one large read.
+    #: At most this many bytes of rows per load task (at least one row; None:
+    #: no bound), so a task's latency stays about one large read.
     max_load_batch_bytes: ClassVar[int | None] = None
 
     def __init__(self, config: Any, namespace: Namespace) -> None:
