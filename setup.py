@@ -1,6 +1,6 @@
 """Build script for the one compiled part: the fs tier's GIL-free per-chunk
-file calls (``kvstore_tiers/backends/_fsio.c``: read_file, publish_file,
-publish_files).
+file calls (``kvstore_tiers/backends/_fsio.c``: read_files, exists_files,
+publish_file, publish_files).
 
 Everything else is declared in pyproject.toml. The extension is optional: where
 it cannot be compiled (no C compiler, a platform without ``readv``) the

@@ -1,14 +1,6 @@
 /* kvstore_tiers.backends._fsio: the fs tier's per-block file I/O, one
  * GIL-free call each.
  *
- * read_file(path, buffers, flags) -> (n, size)
- *
- *   Opens ``path`` read-only (O_CLOEXEC | ``flags``, e.g. O_DIRECT), reads it
- *   from offset 0 into ``buffers`` (writable buffers, in order) with one
- *   vectored read, closes it, and returns the number of bytes read and the
- *   file's size. The size is ``n`` when the read stopped short of filling the
- *   buffers (it met end of file); otherwise an fstat gives it.
- *
  * publish_file(tmp, path, buffers, flags) -> n
  *
  *   Unless ``path`` exists already (then it returns 0 and writes nothing):
@@ -25,9 +17,14 @@
  *
  * read_files(items) -> list
  *
- *   read_file for each (path, buffers, flags) of ``items`` (at most 64), with
- *   the GIL released once for all of them. Per item, in order: (n, size) or
- *   the OSError it met, returned, not raised.
+ *   For each (path, buffers, flags) of ``items`` (at most 64), with the GIL
+ *   released once for all of them: opens ``path`` read-only (O_CLOEXEC |
+ *   ``flags``, e.g. O_DIRECT), reads it from offset 0 into ``buffers``
+ *   (writable buffers, in order) with one vectored read and closes it. Per
+ *   item, in order: (n, size), the bytes read and the file's size, or the
+ *   OSError it met, returned, not raised. The size is ``n`` when the read
+ *   stopped short of filling the buffers (it met end of file); otherwise an
+ *   fstat gives it.
  *
  * exists_files(paths) -> list[bool]
  *
@@ -123,7 +120,7 @@ oserror(int err, const char *name)
     return NULL;
 }
 
-/* The read itself (see read_file above); runs without the GIL. Returns 0 or
+/* One file of read_files (see above); runs without the GIL. Returns 0 or
  * an errno, with *n the bytes read and *size the file's size. */
 static int
 read_one(const char *path, const Buffers *b, int flags, ssize_t *n, off_t *size)
@@ -153,36 +150,6 @@ read_one(const char *path, const Buffers *b, int flags, ssize_t *n, off_t *size)
     }
     close(fd); /* read-only: a failed close loses nothing */
     return err;
-}
-
-static PyObject *
-read_file(PyObject *module, PyObject *args)
-{
-    (void)module;
-    PyObject *path_obj = NULL; /* bytes, from PyUnicode_FSConverter */
-    PyObject *seq_obj;
-    int flags;
-    if (!PyArg_ParseTuple(args, "O&Oi:read_file", PyUnicode_FSConverter, &path_obj, &seq_obj,
-                          &flags))
-        return NULL;
-    Buffers b;
-    PyObject *result = NULL;
-    if (buffers_get(&b, seq_obj, 1) < 0)
-        goto out;
-
-    const char *path = PyBytes_AS_STRING(path_obj);
-    ssize_t n;
-    off_t size;
-    int err;
-    Py_BEGIN_ALLOW_THREADS
-    err = read_one(path, &b, flags, &n, &size);
-    Py_END_ALLOW_THREADS
-
-    result = err ? oserror(err, path) : Py_BuildValue("(nL)", (Py_ssize_t)n, (long long)size);
-out:
-    buffers_release(&b);
-    Py_DECREF(path_obj);
-    return result;
 }
 
 /* The publish itself (see publish_file above); runs without the GIL. Returns 0
@@ -418,9 +385,6 @@ out:
 }
 
 static PyMethodDef methods[] = {
-    {"read_file", read_file, METH_VARARGS,
-     "read_file(path, buffers, flags) -> (n, size): open, readv, close with the GIL "
-     "released once."},
     {"publish_file", publish_file, METH_VARARGS,
      "publish_file(tmp, path, buffers, flags) -> n: create tmp, writev, close, rename to "
      "path, with the GIL released once."},
@@ -428,8 +392,8 @@ static PyMethodDef methods[] = {
      "publish_files(items) -> list: publish_file for each (tmp, path, buffers, flags), with "
      "the GIL released once; per item bytes written (0: existed) or the OSError."},
     {"read_files", read_files, METH_O,
-     "read_files(items) -> list: read_file for each (path, buffers, flags), with the GIL "
-     "released once; per item (n, size) or the OSError."},
+     "read_files(items) -> list: open, readv, close for each (path, buffers, flags), with "
+     "the GIL released once; per item (n, size) or the OSError."},
     {"exists_files", exists_files, METH_O,
      "exists_files(paths) -> list[bool]: whether each path exists (access F_OK), with the "
      "GIL released once."},

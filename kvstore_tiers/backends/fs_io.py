@@ -1,9 +1,5 @@
 """The fs tier's file operations, each one call.
 
-* :func:`read_file` (path, buffers, flags) -> (bytes read, file size): open,
-  one vectored read from offset 0, close. The size is the byte count when the
-  read stopped short of filling ``buffers`` (it met end of file), else an
-  ``fstat``'s.
 * :func:`publish_file` (tmp, path, buffers, flags) -> bytes written: 0 if
   ``path`` exists already (nothing is written: objects are content-addressed,
   so another writer's copy is as good); else create ``tmp`` exclusively, one
@@ -14,12 +10,14 @@
   rather than raised, so one full disk or missing directory fails its own
   item only. A store batch is one call.
 * :func:`read_files` (items) -> per item, (bytes read, file size) or the
-  OSError: :func:`read_file` for each (path, buffers, flags), errors returned
-  rather than raised. A load batch is one call.
+  OSError: for each (path, buffers, flags), open, one vectored read from
+  offset 0, close; the size is the byte count when the read stopped short of
+  filling ``buffers`` (it met end of file), else an ``fstat``'s. Errors are
+  returned rather than raised. A load batch is one call.
 * :func:`exists_files` (paths) -> per path, whether it exists (as
   ``os.path.exists``): an async lookup's batch is one call.
 
-The first two raise OSError with errno and the failing path, like ``os`` does. Each
+:func:`publish_file` raises OSError with errno and the failing path, like ``os`` does. Each
 exists twice: compiled (``_fsio.c``, built by setup.py where a C compiler
 exists), which releases the GIL once per call, and the pure-Python twins
 below, which release and re-take it for every syscall -- on a 2-core engine
@@ -47,7 +45,6 @@ __all__ = [
     "publish_file_py",
     "publish_files",
     "publish_files_py",
-    "read_file",
     "read_file_py",
     "read_files",
     "read_files_py",
@@ -61,7 +58,7 @@ ReadItem = tuple[str, Sequence[Buffer], int]
 
 
 def read_file_py(path: str, buffers: Sequence[Buffer], flags: int) -> tuple[int, int]:
-    """Pure-Python :func:`read_file`."""
+    """One file of :func:`read_files_py`: (bytes read, file size); raises OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         n = os.readv(fd, buffers)
@@ -145,7 +142,6 @@ def exists_files_py(paths: Sequence[str]) -> list[bool]:
     return [os.path.exists(p) for p in paths]
 
 
-read_file: Callable[[str, Sequence[Buffer], int], tuple[int, int]] = read_file_py
 publish_file: Callable[[str, str, Sequence[Buffer], int], int] = publish_file_py
 publish_files: Callable[[Sequence[PublishItem]], list[int | OSError]] = publish_files_py
 read_files: Callable[[Sequence[ReadItem]], list[tuple[int, int] | OSError]] = read_files_py
@@ -156,7 +152,6 @@ if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
             exists_files,
             publish_file,
             publish_files,
-            read_file,
             read_files,
         )
-NATIVE = read_file is not read_file_py
+NATIVE = read_files is not read_files_py

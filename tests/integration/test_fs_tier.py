@@ -34,7 +34,6 @@ def io_path(request, monkeypatch) -> str:
     from kvstore_tiers.backends import _fsio
 
     native = request.param == "native"
-    monkeypatch.setattr(fs_io, "read_file", _fsio.read_file if native else fs_io.read_file_py)
     monkeypatch.setattr(fs_io, "publish_file",
                         _fsio.publish_file if native else fs_io.publish_file_py)
     monkeypatch.setattr(fs_io, "publish_files",

@@ -22,10 +22,21 @@ from kvstore_tiers.backends import fs, fs_io
 PAGE = mmap.PAGESIZE
 
 
+def _single(read_files):
+    """One file through a batch read, its error raised: the per-file contract."""
+    def read_file(path, buffers, flags):
+        (res,) = read_files([(path, buffers, flags)])
+        if isinstance(res, OSError):
+            raise res
+        return res
+
+    return read_file
+
+
 def _native() -> SimpleNamespace:
     from kvstore_tiers.backends import _fsio
 
-    return SimpleNamespace(read_file=_fsio.read_file, publish_file=_fsio.publish_file,
+    return SimpleNamespace(read_file=_single(_fsio.read_files), publish_file=_fsio.publish_file,
                            publish_files=_fsio.publish_files, exists_files=_fsio.exists_files,
                            read_files=_fsio.read_files)
 
@@ -34,7 +45,8 @@ def _native() -> SimpleNamespace:
 def io(request) -> SimpleNamespace:
     if request.param == "native":
         return _native()
-    return SimpleNamespace(read_file=fs_io.read_file_py, publish_file=fs_io.publish_file_py,
+    return SimpleNamespace(read_file=_single(fs_io.read_files_py),
+                           publish_file=fs_io.publish_file_py,
                            publish_files=fs_io.publish_files_py,
                            exists_files=fs_io.exists_files_py, read_files=fs_io.read_files_py)
 
@@ -64,7 +76,6 @@ def test_the_native_calls_are_built_and_used() -> None:
     native = _native()
     if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
         assert fs_io.NATIVE
-        assert fs_io.read_file is native.read_file
         assert fs_io.publish_file is native.publish_file
         assert fs_io.publish_files is native.publish_files
         assert fs_io.exists_files is native.exists_files
@@ -135,7 +146,7 @@ def test_exists_files_takes_a_lookup_batch_in_one_call(io, tmp_path: Path) -> No
     assert io.exists_files(names) == [i % 3 == 0 for i in range(1000)]
 
 
-# -- read_file -----------------------------------------------------------------
+# -- one file through read_files (the per-file contract) ----------------------
 def test_a_short_file_fills_the_buffers_in_order_and_its_length_is_the_size(
     io, tmp_path: Path
 ) -> None:
