@@ -41,6 +41,18 @@ class TierConfig(BaseModel):
         65536, ge=1,
         description="Bound on chunks queued in the I/O pool; a job that does not fit fails.",
     )
+    store_poll_ms: float = Field(
+        2.0, gt=0, le=1000,
+        description="While stores flow, an idle store thread looks at the queue this often "
+        "instead of being woken (waking a thread is the costliest step of submit_store); "
+        "a store waits at most this long to start.",
+    )
+    store_linger_s: float = Field(
+        5.0, ge=0,
+        description="How long after the last store that polling goes on (it costs about "
+        "1,000 / store_poll_ms wake-ups a second, none once it stops). 0: never poll; "
+        "every store wakes a thread.",
+    )
     presence_capacity: int = Field(
         1_000_000, ge=0,
         description="Keys remembered as stored or being stored by this process: lookups "

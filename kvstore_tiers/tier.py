@@ -351,6 +351,7 @@ class KVStoreTier(SecondaryTierManager):
             config.n_read_threads, config.n_write_threads, config.max_queued_chunks,
             ctx_factory=lambda: FrameCodec(namespace, codec_id, align, cipher),
             name=f"kvstore_{tier_type}",
+            store_poll_s=config.store_poll_ms / 1000, store_linger_s=config.store_linger_s,
         )
         self._lookup = _BackendLookup(self, tier_type)
         logger.info(

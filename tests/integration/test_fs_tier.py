@@ -7,6 +7,7 @@ import os
 import resource
 import signal
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -592,6 +593,25 @@ def test_shutdown_releases_the_primary_and_stops_threads(tmp_path, corrupt_load)
     assert leftover == []
     with pytest.raises(ValueError):  # closed: no exported view kept it mapped
         len(mm)
+
+
+@pytest.mark.parametrize("linger_s", [0.0, 60.0])
+def test_store_polling_follows_its_config_keys(harness_factory, tmp_path, linger_s) -> None:
+    """``store_linger_s: 0`` leaves no store thread polling once stores are
+    done (no idle wake-ups); otherwise one polls every ``store_poll_ms``."""
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "store_poll_ms": 50,
+                          "store_linger_s": linger_s}], num_chunks=8, chunk_bytes=ROW)
+    pool = h.tiers[0]._pool
+    assert pool._store_poll_s == 0.05
+    keys = make_keys(4, seed=3)
+    h.store_all(keys, rows_like(4, ROW))
+    assert h.tiers[0].counters.objects_stored == 4
+    seen = []
+    end = time.monotonic() + 0.3  # six poll periods
+    while time.monotonic() < end:
+        seen.append(pool._polling_stores)
+        time.sleep(0.005)
+    assert any(seen) is bool(linger_s)
 
 
 def test_events_and_metrics(harness_factory, tmp_path) -> None:

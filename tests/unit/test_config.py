@@ -23,6 +23,10 @@ def test_bad_value_and_missing_key_are_named() -> None:
         validate_config(FsConfig, "fs", {})
     with pytest.raises(ConfigError, match="'n_read_threads'"):
         validate_config(FsConfig, "fs", {"root_dir": "/tmp/x", "n_read_threads": 0})
+    with pytest.raises(ConfigError, match="'store_poll_ms'"):
+        validate_config(FsConfig, "fs", {"root_dir": "/tmp/x", "store_poll_ms": 0})
+    with pytest.raises(ConfigError, match="'store_linger_s'"):
+        validate_config(FsConfig, "fs", {"root_dir": "/tmp/x", "store_linger_s": -1})
 
 
 def test_stock_fs_keys_are_accepted() -> None:
