@@ -82,12 +82,16 @@ class Namespace:
         ``<namespace>/<hash[:3]>/<hash>_g<group>.kvf`` -- one level of 4,096
         hash-derived shards: no directory holds more than a few thousand
         files until billions of blocks, request load spreads over 4,096 S3
-        prefixes, and the fs backend pays one ``mkdir`` per shard, on its
-        first store.
+        prefixes, and the fs backend creates the shard directories once at
+        startup, so no store ever pays for a ``mkdir``.
         """
         hash_hex = key[:-4].hex()
         group = int.from_bytes(key[-4:], "big")
         return f"{self.name}/{hash_hex[:3]}/{hash_hex}_g{group}.kvf"
+
+
+#: Number of shard directories under a namespace (hash prefixes 000..fff).
+SHARDS = [f"{i:03x}" for i in range(4096)]
 
 
 def key_from_object_name(name: str) -> bytes | None:

@@ -1,15 +1,11 @@
 """The fs backend: one file per block under a local or shared directory.
 
 Layout: ``<root_dir>/<namespace>/<hash[:3]>/<hash>_g<group>.kvf`` plus
-``<root_dir>/<namespace>/config.json`` (vLLM's FileMapper run config). A
-directory holds ~2,500 files at 10 million blocks. A shard directory is made
-by the first store that lands in it (its publish fails with ENOENT, then
-``mkdir`` and one retry): at most 4,096 ``mkdir`` calls in a root's life,
-where vLLM's two-level layout made two per block on a fresh store. Making
-all 4,096 at the first start instead (sessions 8-10) wrote 16 MB of
-directory blocks back at once, into the first stores' time, and left 4,096
-directories in every scratch root (a test suite's temp directories took
-minutes to delete).
+``<root_dir>/<namespace>/config.json`` (vLLM's FileMapper run config). The
+4,096 shard directories are created once, at the first start on a root_dir,
+so a store never pays for a ``mkdir`` (with vLLM's two-level layout a fresh
+store made two directories per block), and a directory holds ~2,500 files at
+10 million blocks.
 
 * Atomic publish: a frame is written to a unique temp file in the target
   directory and renamed into place; readers never see a torn file, and
@@ -59,6 +55,7 @@ from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.errors import ConfigError, ObjectCorrupt, ObjectMissing, TransientError
 from kvstore_tiers.frame import FrameCodec, check_header, parse_header
+from kvstore_tiers.namespace import SHARDS
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +160,7 @@ class FileSystemBackend(Backend):
                 tmp = cfg_path.with_name(f".config.json.{uuid.uuid4().hex}")
                 tmp.write_text(json.dumps(self.namespace.run_config, indent=2, sort_keys=True))
                 os.replace(tmp, cfg_path)
+            self._make_shards()
             probe = self.base / f".write_probe_{uuid.uuid4().hex}"
             probe.write_bytes(b"ok")
             probe.unlink()
@@ -178,6 +176,15 @@ class FileSystemBackend(Backend):
 
             self.capacity = CapacityController(self.base, self.config, self._on_evicted)
             self.capacity.start()
+
+    def _make_shards(self) -> None:
+        """Create the 4,096 shard directories once (a marker file says they exist)."""
+        marker = self.base / ".shards"
+        if marker.exists():
+            return
+        for shard in SHARDS:
+            (self.base / shard).mkdir(exist_ok=True)
+        marker.write_text(f"{len(SHARDS)}\n")
 
     def close(self) -> None:
         if self.capacity is not None:
@@ -242,7 +249,7 @@ class FileSystemBackend(Backend):
         """One :func:`fs_io.publish_files` outcome: True written, False existed
         already; a failure raises the tier's error for it."""
         try:
-            if isinstance(res, FileNotFoundError):  # the shard's first object (or rmdir'd)
+            if isinstance(res, FileNotFoundError):  # a shard directory removed under us
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 res = fs_io.publish_file(self._temp_name(path), path, parts, flags)
             elif isinstance(res, OSError):

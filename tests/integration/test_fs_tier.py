@@ -62,43 +62,6 @@ def test_roundtrip_is_byte_exact(harness_factory, tmp_path, io_path) -> None:
     assert tier.counters.objects_loaded == 10 and tier.counters.corrupt_objects == 0
 
 
-def test_a_shard_directory_is_made_by_its_first_store(harness_factory, tmp_path,
-                                                      io_path) -> None:
-    """A fresh root holds no shard directories (4,096 made up front were 16 MB
-    written back at once); each store batch makes the ones it needs, keys
-    sharing a new shard in one batch included, and one removed under the tier
-    comes back."""
-    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=16,
-                        chunk_bytes=ROW)
-    (base,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    assert sorted(p.name for p in base.iterdir()) == ["config.json"]
-
-    shared = make_keys(3, seed=5)
-    # Three pairs of keys, each pair in one shard (same first 3 hex digits).
-    keys = [k for a in shared for k in (a, a[:1] + bytes([a[1] ^ 0x0F]) + a[2:])]
-    rows = rows_like(6, ROW)
-    h.store_all(keys, rows)
-    assert h.tiers[0].counters.objects_stored == 6 and h.tiers[0].counters.store_failures == 0
-    shards = sorted(p.name for p in base.iterdir() if p.is_dir())
-    assert shards == sorted({k[:2].hex()[:3] for k in keys}) and len(shards) == 3
-
-    # A shard directory removed under the tier (an operator's rm -r) is made again.
-    gone = base / keys[0][:2].hex()[:3]  # the shard of keys[0] and keys[1]
-    for f in gone.iterdir():
-        f.unlink()
-    gone.rmdir()
-    again = keys[0][:8] + bytes([keys[0][8] ^ 0xFF]) + keys[0][9:]  # same shard, new key
-    h.store_all([again], rows[:1])
-    assert gone.is_dir() and h.tiers[0].counters.store_failures == 0
-
-    h.forget_primary()
-    everything = [*keys[2:], again]
-    ctx = h.new_request()
-    results, _ = h.lookup_until_resolved(everything, ctx)
-    assert results == [HIT] * len(everything)
-    assert np.array_equal(h.load(everything, ctx), np.concatenate([rows[2:], rows[:1]]))
-
-
 def test_stores_are_published_eight_files_per_call(harness_factory, tmp_path, monkeypatch
                                                   ) -> None:
     # One GIL-free call per store batch is what makes small stores cheap on a
