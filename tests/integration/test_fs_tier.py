@@ -62,6 +62,37 @@ def test_roundtrip_is_byte_exact(harness_factory, tmp_path, io_path) -> None:
     assert tier.counters.objects_loaded == 10 and tier.counters.corrupt_objects == 0
 
 
+def test_a_shard_directory_removed_under_the_tier_is_made_again(
+        harness_factory, tmp_path, io_path) -> None:
+    """The 4,096 shard directories exist from the first start; one removed
+    under the tier (an operator's rm -r) is made again by the next store
+    into it, keys sharing it in one batch included, and nothing else moves."""
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=16,
+                        chunk_bytes=ROW)
+    (base,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    assert len([p for p in base.iterdir() if p.is_dir()]) == 4096
+
+    first = make_keys(2, seed=5)
+    rows = rows_like(4, ROW)
+    h.store_all(first, rows[:2])
+    gone = base / first[0][:2].hex()[:3]  # the shard of first[0]
+    for f in gone.iterdir():
+        f.unlink()
+    gone.rmdir()
+    # Two new keys in the removed shard (same first 3 hex digits), stored in one job.
+    again = [first[0][:1] + bytes([first[0][1] ^ m]) + first[0][2:] for m in (0x01, 0x02)]
+    h.store_all(again, rows[2:])
+    tier = h.tiers[0]
+    assert gone.is_dir() and tier.counters.store_failures == 0
+    assert tier.counters.objects_stored == 4
+
+    h.forget_primary()
+    ctx = h.new_request()
+    results, _ = h.lookup_until_resolved(again, ctx)
+    assert results == [HIT, HIT]
+    assert np.array_equal(h.load(again, ctx), rows[2:])
+
+
 def test_stores_are_published_eight_files_per_call(harness_factory, tmp_path, monkeypatch
                                                   ) -> None:
     # One GIL-free call per store batch is what makes small stores cheap on a
