@@ -102,39 +102,35 @@ def publish_file_py(tmp: str, path: str, buffers: Sequence[Buffer], flags: int) 
 MAX_ITEMS = 64
 
 
-def publish_files_py(items: Sequence[PublishItem]) -> list[int | OSError]:
-    """Pure-Python :func:`publish_files`."""
-    # Refuse a bad batch before writing any of it, as the compiled call does.
+def _run_items(items: Sequence[tuple[Any, ...]], one: Callable[..., Any],
+               writable: bool) -> list[Any]:
+    """The Python twin of ``_fsio.c``'s ``run_items``: refuse a bad batch (too
+    many items, a non-buffer, a read-only buffer to read into) before touching
+    any file, then ``one(*item)`` per item, its OSError returned in its place."""
     if len(items) > MAX_ITEMS:
         raise ValueError(f"takes at most {MAX_ITEMS} items")
-    for _tmp, _path, buffers, _flags in items:
-        for b in buffers:
-            memoryview(b).release()
-    out: list[int | OSError] = []
-    for tmp, path, buffers, flags in items:
+    for item in items:
+        for b in item[-2]:  # every item's buffers come just before its flags
+            with memoryview(b) as view:
+                if writable and view.readonly:
+                    raise BufferError("buffers must be writable")
+    out: list[Any] = []
+    for item in items:
         try:
-            out.append(publish_file_py(tmp, path, buffers, flags))
+            out.append(one(*item))
         except OSError as exc:
             out.append(exc)
     return out
+
+
+def publish_files_py(items: Sequence[PublishItem]) -> list[int | OSError]:
+    """Pure-Python :func:`publish_files`."""
+    return _run_items(items, publish_file_py, writable=False)
 
 
 def read_files_py(items: Sequence[ReadItem]) -> list[tuple[int, int] | OSError]:
     """Pure-Python :func:`read_files`."""
-    if len(items) > MAX_ITEMS:
-        raise ValueError(f"takes at most {MAX_ITEMS} items")
-    for _path, buffers, _flags in items:  # refuse a bad batch before reading any of it
-        for b in buffers:
-            with memoryview(b) as view:
-                if view.readonly:
-                    raise BufferError("buffers must be writable")
-    out: list[tuple[int, int] | OSError] = []
-    for path, buffers, flags in items:
-        try:
-            out.append(read_file_py(path, buffers, flags))
-        except OSError as exc:
-            out.append(exc)
-    return out
+    return _run_items(items, read_file_py, writable=True)
 
 
 def exists_files_py(paths: Sequence[str]) -> list[bool]:
