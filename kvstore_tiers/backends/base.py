@@ -30,6 +30,7 @@ batch (fs).
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,17 @@ if TYPE_CHECKING:
     from kvstore_tiers.namespace import Namespace
 
 Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class IOTuning:
+    """How the I/O pool batches one backend's work: the pool's tuning in one value."""
+
+    load_batch: int = 1  # chunks per load task
+    store_batch: int = 1  # chunks per store task
+    spread_loads: bool = False  # spread a load job over every read thread first
+    max_load_batch_bytes: int | None = None  # at most this many bytes of rows per load task
+    header_align: int = 8  # frame header alignment the writer pads to
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +113,31 @@ class Backend(ABC):
     #: At most this many bytes of rows per load task (at least one row; None:
     #: no bound), so a task's latency stays about one large read.
     max_load_batch_bytes: ClassVar[int | None] = None
+    #: ``delete_many`` is one native batch; ``touch_many`` does something;
+    #: ``read_into`` is implemented.
+    supports_delete_many: ClassVar[bool] = False
+    supports_touch: ClassVar[bool] = False
+    supports_read_into: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "touch_many" in cls.__dict__ and "supports_touch" not in cls.__dict__:
+            cls.supports_touch = True
+        # Batched paths written before results were returned (a bool or None
+        # per item, the frame size in ``item.stored_len``): report frame bytes.
+        for meth, convert in (("store_many", _stored_bytes), ("load_many", _loaded_bytes)):
+            fn = cls.__dict__.get(meth)
+            if fn is not None and not getattr(fn, "_returns_bytes", False):
+                setattr(cls, meth, _returning_bytes(fn, convert))
+
+    @property
+    def tuning(self) -> IOTuning:
+        """How the core's I/O pool batches this backend's work (read once at start)."""
+        return IOTuning(
+            load_batch=self.max_batch, store_batch=self.max_store_batch or self.max_batch,
+            spread_loads=self.spread_loads, max_load_batch_bytes=self.max_load_batch_bytes,
+            header_align=self.header_align,
+        )
 
     def __init__(self, config: Any, namespace: Namespace) -> None:
         self.config = config
@@ -151,28 +188,54 @@ class Backend(ABC):
 
     def store_many(
         self, items: Sequence[StoreItem], codec: FrameCodec
-    ) -> list[bool | BaseException]:
-        """Store every item; per item ``True``/``False`` (written/existed) or the error."""
-        out: list[bool | BaseException] = []
+    ) -> list[int | BaseException]:
+        """Store every item; per item the frame bytes written (0: existed) or the error."""
+        out: list[int | BaseException] = []
         for item in items:
             try:
-                out.append(self.store_one(item, codec))
+                out.append(item.stored_len if self.store_one(item, codec) else 0)
             except Exception as exc:
                 out.append(classify(exc))
         return out
 
     def load_many(
         self, items: Sequence[LoadItem], codec: FrameCodec
-    ) -> list[BaseException | None]:
-        """Load every item; per item ``None`` on success or the error."""
-        out: list[BaseException | None] = []
+    ) -> list[int | BaseException]:
+        """Load every item; per item the frame bytes received or the error."""
+        out: list[int | BaseException] = []
         for item in items:
             try:
                 self.load_one(item, codec)
-                out.append(None)
+                out.append(item.stored_len)
             except Exception as exc:
                 out.append(classify(exc))
         return out
+
+    store_many._returns_bytes = True  # type: ignore[attr-defined]
+    load_many._returns_bytes = True  # type: ignore[attr-defined]
+
+
+def _stored_bytes(item: StoreItem, res: Any) -> Any:
+    if res is True:
+        return item.stored_len
+    return 0 if res is False else res
+
+
+def _loaded_bytes(item: LoadItem, res: Any) -> Any:
+    return item.stored_len if res is None else res
+
+
+def _returning_bytes(fn: Callable[..., list[Any]], convert: Callable[[Any, Any], Any]
+                     ) -> Callable[..., list[Any]]:
+    """Wrap a batched method that reports through ``stored_len`` to return frame bytes."""
+
+    @functools.wraps(fn)
+    def wrapper(self: Backend, items: Sequence[Any], codec: FrameCodec) -> list[Any]:
+        return [convert(item, res) for item, res in zip(items, fn(self, items, codec),
+                                                        strict=True)]
+
+    wrapper._returns_bytes = True  # type: ignore[attr-defined]
+    return wrapper
 
 
 def encode_batch(
