@@ -501,7 +501,7 @@ def test_a_job_whose_completion_breaks_is_still_reported_failed(
     harness_factory, tmp_path, monkeypatch
 ) -> None:
     """A bug while applying a finished job must not leave vLLM waiting on it forever."""
-    from kvstore_tiers import tier as tier_mod
+    from kvstore_tiers import transfers
 
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)
     keys, rows = make_keys(3, seed=23), rows_like(3, ROW)
@@ -511,7 +511,7 @@ def test_a_job_whose_completion_breaks_is_still_reported_failed(
     def broken(job):  # injected fault: condensing the outcomes raises
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(tier_mod._Summary, "of", staticmethod(broken))
+    monkeypatch.setattr(transfers.Summary, "of", staticmethod(broken))
     ctx = h.new_request()
     assert h.lookup_until_resolved(keys, ctx)[0] == [MISS] * 3  # failed, not stuck in RETRY
     with h.locked():

@@ -1,0 +1,97 @@
+"""How a tier is put together: its collaborators, each built by one small function.
+
+:class:`~kvstore_tiers.tier.KVStoreTier`'s constructor reads as a list of
+these calls; each builds one collaborator from the validated config (and
+vLLM's offloading spec) and nothing else, so each can be read, and changed,
+alone. Runs once, at engine start-up: a bad config fails here, naming its key.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from kvstore_tiers.config import TierConfig
+from kvstore_tiers.frame import FrameCodec
+from kvstore_tiers.namespace import Namespace
+from kvstore_tiers.pool import IOPool
+
+if TYPE_CHECKING:
+    from vllm.v1.kv_offload.base import OffloadingEvent, OffloadingSpec
+
+    from kvstore_tiers.backends.base import IOTuning
+    from kvstore_tiers.codecs import CodecId
+    from kvstore_tiers.crypto import PayloadCipher
+
+logger = logging.getLogger("kvstore_tiers.tier")
+
+
+def default_detector(remote: bool, tier_type: str, config: TierConfig) -> Any | None:
+    """The backpressure detector of a remote tier configured without one (else None)."""
+    if not remote:
+        return None
+    from kvstore_tiers.compat import make_default_remote_detector
+
+    return make_default_remote_detector(tier_type, config.failure_threshold)
+
+
+def open_cipher(config: TierConfig) -> PayloadCipher | None:
+    """The payload cipher, if an encryption key is configured."""
+    from kvstore_tiers.crypto import PayloadCipher, load_key
+
+    key = load_key(config.encryption_key_env, config.encryption_key_file)
+    return PayloadCipher(key) if key is not None else None  # only the cipher keeps the key
+
+
+def make_namespace(offloading_spec: OffloadingSpec, config: TierConfig,
+                   cipher: PayloadCipher | None) -> Namespace:
+    """The tier's namespace; with a cipher, one per key.
+
+    Different keys -> different namespaces: tenants never address (or delete
+    as corrupt) each other's objects; a rotation starts fresh.
+    """
+    salt = config.namespace_salt
+    if cipher is not None:
+        salt = f"{salt or ''}|key:{cipher.key_id}"
+    return Namespace.from_offloading_spec(offloading_spec, salt)
+
+
+def event_list(offloading_spec: OffloadingSpec, config: TierConfig, tier_type: str
+               ) -> list[OffloadingEvent] | None:
+    """The tier's kv event buffer, or None when it emits none."""
+    if not config.enable_kv_events:
+        return None
+    if offloading_spec.kv_events_config.enable_kv_cache_events:
+        return []
+    logger.warning(
+        "enable_kv_events is set on tier '%s' but KV cache events are disabled "
+        "globally; the tier will not emit events.", tier_type,
+    )
+    return None
+
+
+def plan_batches(tuning: IOTuning, row_bytes: int) -> tuple[int, int, bool]:
+    """``(store_batch, load_batch, spread_loads)``: chunks per I/O task.
+
+    Stores go ``store_batch`` chunks per task, loads ``load_batch`` (fs:
+    eight; a pipeline's worth for redis/s3), and no load task carries more
+    than ``max_load_batch_bytes`` of rows. With ``spread_loads`` (fs) the
+    tier first spreads a load over every read thread, as it sits on
+    time-to-first-token.
+    """
+    load_batch = tuning.load_batch
+    if tuning.max_load_batch_bytes:
+        load_batch = max(1, min(load_batch, tuning.max_load_batch_bytes // max(1, row_bytes)))
+    return tuning.store_batch, load_batch, tuning.spread_loads
+
+
+def start_pool(config: TierConfig, tier_type: str, namespace: Namespace, codec_id: CodecId,
+               header_align: int, cipher: PayloadCipher | None) -> IOPool:
+    """The tier's I/O threads, each with its own frame codec."""
+    digest = namespace.digest
+    return IOPool(
+        config.n_read_threads, config.n_write_threads, config.max_queued_chunks,
+        ctx_factory=lambda: FrameCodec(digest, codec_id, header_align, cipher),
+        name=f"kvstore_{tier_type}",
+        store_poll_s=config.store_poll_ms / 1000, store_linger_s=config.store_linger_s,
+    )

@@ -1,0 +1,187 @@
+"""The tier's ledger: what finished (or refused) transfers mean on the scheduler side.
+
+:class:`Ledger` applies a finished :class:`~kvstore_tiers.transfers.Job`'s
+summary, a deadline expiry or a refusal at submit to the scheduler thread's
+state -- the presence index, the failed-load verdicts, the circuit breaker,
+the counters and the kv events -- and returns vLLM's ``JobResult``.
+
+Scheduler thread only (vLLM calls ``get_finished_jobs`` and ``submit_*``
+there), so no lock. A fully successful job costs a few counter updates and
+no per-key work: its keys' presence receipt is the job itself
+(:mod:`kvstore_tiers.presence`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Collection
+
+from vllm.v1.kv_offload.base import OffloadingEvent
+from vllm.v1.kv_offload.tiering.base import JobResult
+
+from kvstore_tiers.config import TierConfig
+from kvstore_tiers.health import BreakerState, CircuitBreaker
+from kvstore_tiers.presence import PresenceIndex
+from kvstore_tiers.ratelimit import RateLimitedLogger
+from kvstore_tiers.stats import TierMetrics
+from kvstore_tiers.transfers import Job, Summary, expire, summarise
+
+logger = logging.getLogger("kvstore_tiers.tier")
+
+
+class Ledger:
+    """Scheduler-side state of one tier and the rules that update it."""
+
+    def __init__(self, label: str, config: TierConfig, row_bytes: int,
+                 events: list[OffloadingEvent] | None) -> None:
+        self.label = label
+        self.row_bytes = row_bytes
+        self.load_timeout_s = config.load_timeout_s
+        self.metrics = TierMetrics(label=label)
+        self.counters = self.metrics.counters
+        self.breaker = CircuitBreaker(label, config.failure_threshold, config.breaker_cooldown_s)
+        self.presence = PresenceIndex(config.presence_capacity)
+        #: Keys whose load failed, per request: MISS for that request (vLLM #49176).
+        self.failed_by_req: dict[str, set[bytes]] = {}
+        #: kv events not yet taken by vLLM (None: the tier emits none).
+        self.events = events
+        #: Load jobs reported failed at their deadline while an I/O thread still ran.
+        self.load_timeouts = 0
+        self.warn = RateLimitedLogger(logger, interval_s=30.0)
+
+    # -- refused at submit -------------------------------------------------------------
+    def refused(self, job_id: int, req_id: str, keys: Collection[bytes], is_load: bool
+                ) -> JobResult:
+        """A job failed before it reached the pool (breaker open, queue full, bad ids)."""
+        if is_load:
+            self.fail_loads(req_id, keys)
+        else:
+            self.counters.stores_dropped += len(keys)
+        return JobResult(job_id=job_id, success=False)
+
+    def fail_loads(self, req_id: str, keys: Collection[bytes]) -> None:
+        """Count ``keys`` as failed loads of request ``req_id``
+        (its later lookups of them answer MISS: vLLM issue 49176)."""
+        self.counters.load_failures += len(keys)
+        self.failed_by_req.setdefault(req_id, set()).update(keys)
+
+    # -- finished ----------------------------------------------------------------------
+    def completed(self, job: Job) -> JobResult:
+        """Apply a finished job's summary; vLLM's JobResult for it."""
+        s = job.summary or summarise(job)
+        assert s.result is not None
+        self.breaker.record(s.transient == 0)
+        self.metrics.observe("load_seconds" if job.is_load else "store_seconds",
+                             time.monotonic() - job.submit_time)
+        result = s.result
+        if job.is_load:
+            self._apply_load(job, s)
+        else:
+            self._apply_store(job, s)
+            job.release()
+        return result
+
+    def failed(self, job: Job) -> JobResult:
+        """Report ``job`` failed as a whole (applying its outcomes broke)."""
+        if job.is_load:
+            self.fail_loads(job.req_id, job.keys)
+        else:
+            self.counters.store_failures += len(job.keys)
+            self.presence.discard_receipt(job.keys, job)
+            job.release()
+        return JobResult(job_id=job.job_id, success=False)
+
+    def expired(self, job: Job) -> JobResult:
+        """Report a load job at its deadline: its landed rows loaded, the rest failed."""
+        ok, bad = expire(job)
+        c = self.counters
+        c.objects_loaded += len(ok)
+        c.raw_bytes_read += len(ok) * self.row_bytes
+        self.metrics.observe("load_seconds", time.monotonic() - job.submit_time)
+        if not bad:
+            self.breaker.record(True)
+            return JobResult(job_id=job.job_id, success=True, transfer_time=job.transfer_time)
+        self.load_timeouts += 1
+        self.breaker.record(False)
+        for k in bad:
+            self.presence.discard(k)
+        self.fail_loads(job.req_id, bad)
+        self.warn.warning(
+            "load-timeout", "kvstore tier %s: load of %d blocks passed its %.3fs deadline; "
+            "reported failed (vLLM recomputes)", self.label, len(bad), self.load_timeout_s or 0.0,
+        )
+        return JobResult(job_id=job.job_id, success=False, successful_keys=tuple(ok) or None,
+                         transfer_time=job.transfer_time)
+
+    def _apply_store(self, job: Job, s: Summary) -> None:
+        # No per-key work for stored keys: the job, their receipt, makes all
+        # of them stored; failed ones are forgotten.
+        job.done = True
+        c = self.counters
+        c.objects_skipped += s.existed
+        c.objects_stored += s.written
+        c.raw_bytes_written += s.written * self.row_bytes
+        c.stored_bytes_written += s.frame_bytes
+        if s.bad:
+            self.presence.discard_receipt(s.bad, job)
+            c.store_failures += len(s.bad)
+            self.warn.warning(
+                "store-failed", "kvstore tier %s: %d of %d stores failed: %s",
+                self.label, len(s.bad), len(job.keys), s.first_error or s.first_corrupt,
+            )
+        if s.event is not None and self.events is not None:
+            self.events.append(s.event)
+
+    def _apply_load(self, job: Job, s: Summary) -> None:
+        # Loaded keys are in the presence index already: stored by this
+        # process, or added when the existence check found them.
+        c = self.counters
+        c.objects_loaded += len(s.ok)
+        c.raw_bytes_read += len(s.ok) * self.row_bytes
+        c.stored_bytes_read += s.frame_bytes
+        if not s.bad:
+            return
+        for key in s.bad:
+            self.presence.discard(key)
+        c.load_misses += s.missing
+        c.corrupt_objects += s.corrupt
+        c.load_failures += s.transient
+        if s.corrupt:
+            self.warn.warning(
+                "corrupt", "kvstore tier %s: rejected %d corrupt object(s) (%s); removed, "
+                "they will be recomputed", self.label, s.corrupt, s.first_corrupt,
+            )
+        if s.transient:
+            self.warn.warning(
+                "load-failed", "kvstore tier %s: %d load(s) failed: %s",
+                self.label, s.transient, s.first_error,
+            )
+        self.failed_by_req.setdefault(job.req_id, set()).update(s.bad)
+
+    # -- inspection ----------------------------------------------------------------------
+    def gauges(self, queued_chunks: int, evicted_objects: int) -> dict[str, float]:
+        """The tier's gauges for vLLM's stats (and the eviction count, kept by the backend)."""
+        self.counters.objects_evicted = evicted_objects
+        state = self.breaker.state
+        return {
+            "healthy": float(state is BreakerState.CLOSED),
+            "circuit_state": float(int(state)),
+            "queued_chunks": float(queued_chunks),
+        }
+
+    def write_stats_file(self, directory: str | None, backend: str, namespace: str,
+                         suffix: str) -> None:
+        """Write the counters as JSON into ``directory`` (None: do nothing); at shutdown."""
+        if not directory:
+            return
+        try:
+            os.makedirs(directory, exist_ok=True)
+            path = os.path.join(directory, f"{self.label}-{suffix}.json")
+            with open(path, "w") as f:
+                json.dump({"tier_type": self.label, "backend": backend, "namespace": namespace,
+                           "counters": self.counters.as_dict()}, f, indent=2)
+        except OSError as exc:
+            logger.warning("kvstore tier %s: could not write stats file: %s", self.label, exc)
