@@ -10,15 +10,6 @@ import inspect
 from typing import Any
 
 
-def vllm_version() -> str:
-    try:
-        import vllm
-
-        return str(vllm.__version__)
-    except Exception:  # pragma: no cover - vLLM not importable
-        return "unknown"
-
-
 def detector_accepts_failure_threshold() -> bool:
     """0.33's EMABackpressureDetector takes ``failure_threshold``; 0.32's raises on it."""
     try:

@@ -191,10 +191,6 @@ class IOPool:
     def queued_chunks(self) -> int:
         return self._submitted_chunks - self._taken_chunks
 
-    @property
-    def num_threads(self) -> int:
-        return len(self._threads)
-
     def submit(self, job: PoolJob, is_load: bool) -> bool:
         """Queue ``job``; False (nothing queued) if it does not fit or the pool is closed.
 
