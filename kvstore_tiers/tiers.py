@@ -6,30 +6,24 @@ tier is still configured without registration::
     {"type": "s3", "module_path": "kvstore_tiers.tiers", ...}
     {"type": "FileSystemTier", "module_path": "kvstore_tiers.tiers", ...}
 
-vLLM resolves ``getattr(kvstore_tiers.tiers, type)``. Every installed
-backend name (``fs``, ``s3``, ``redis``, plugins) resolves here, as do the
-class names below. Note that ``"fs"`` itself is vLLM's built-in type name:
-vLLM's registry wins over ``module_path``, so with the plugin disabled use
-``"FileSystemTier"`` (or ``"kvstore_fs"``) to get ours.
+vLLM resolves ``getattr(kvstore_tiers.tiers, type)``. Every tier type of the
+registry (``fs``, ``s3``, ``redis``, plugins) resolves here, as do their
+class names and aliases (:mod:`kvstore_tiers.registry`). Note that ``"fs"``
+itself is vLLM's built-in type name: vLLM's registry wins over
+``module_path``, so with the plugin disabled use ``"FileSystemTier"`` (or
+``"kvstore_fs"``) to get ours.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kvstore_tiers.registry import backend_names, tier_class
-
-_CLASS_NAMES = {
-    "FileSystemTier": "fs",
-    "kvstore_fs": "fs",
-    "S3Tier": "s3",
-    "RedisTier": "redis",
-}
+from kvstore_tiers.registry import backend_names, tier_attr_names, tier_class, tier_type_of
 
 
 def __getattr__(name: str) -> Any:
-    backend = _CLASS_NAMES.get(name, name)
-    if backend in backend_names():
+    backend = tier_type_of(name)
+    if backend is not None:
         return tier_class(backend)
     raise AttributeError(
         f"module 'kvstore_tiers.tiers' has no tier {name!r} (installed kvstore_tiers backends: "
@@ -38,4 +32,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*_CLASS_NAMES, *backend_names()})
+    return tier_attr_names()

@@ -101,3 +101,66 @@ def test_module_path_route_without_registration(fresh_vllm_registry) -> None:
     for type_name, backend in (("FileSystemTier", "fs"), ("s3", "s3"), ("redis", "redis")):
         cls = factory.get_tier_class({"type": type_name, "module_path": "kvstore_tiers.tiers"})
         assert issubclass(cls, KVStoreTier) and cls.backend_cls.name == backend
+
+
+@pytest.fixture
+def scratch_registry(monkeypatch: pytest.MonkeyPatch):
+    """The registry's table, restored after the test."""
+    from kvstore_tiers import registry
+
+    monkeypatch.setattr(registry, "_implementations", dict(registry._implementations))
+    registry.tier_class.cache_clear()
+    yield registry
+    registry.tier_class.cache_clear()
+
+
+def test_register_backend_adds_a_type_by_class_or_path(scratch_registry) -> None:
+    from kvstore_tiers.backends.fs import FileSystemBackend
+    from kvstore_tiers.tier import KVStoreTier
+
+    class LocalDisk(FileSystemBackend):
+        name = "localdisk"
+
+    scratch_registry.register_backend("localdisk", LocalDisk, tier_class_name="DiskTier")
+    scratch_registry.register_backend("fs2", "kvstore_tiers.backends.fs:FileSystemBackend")
+    assert {"localdisk", "fs2"} <= set(backend_names())
+    assert load_backend("localdisk") is LocalDisk
+    assert load_backend("fs2") is FileSystemBackend
+    import kvstore_tiers.tiers as tiers
+
+    cls = tiers.DiskTier
+    assert issubclass(cls, KVStoreTier) and cls.backend_cls is LocalDisk
+    assert tiers.localdisk is cls and "DiskTier" in dir(tiers)
+    with pytest.raises(ValueError, match="already registered"):
+        scratch_registry.register_backend("fs", LocalDisk)
+    scratch_registry.register_backend("fs", LocalDisk, clobber=True)
+    # The type keeps its names: the module_path route now builds the new class.
+    assert tiers.FileSystemTier.backend_cls is LocalDisk and tiers.kvstore_fs is tiers.fs
+
+
+def test_missing_dependency_names_the_install_hint(scratch_registry) -> None:
+    scratch_registry.register_backend("ghost", "kvstore_tiers_no_such_module:Backend",
+                                      install_hint="pip install kvstore-ghost")
+    with pytest.raises(ConfigError, match=r"'ghost' cannot be loaded.*pip install kvstore-ghost"):
+        load_backend("ghost")
+
+
+def test_entry_points_feed_the_same_table(scratch_registry, tmp_path, monkeypatch) -> None:
+    """An installed distribution's entry point is one more row of the table,
+    beside the built-ins and their install hints; it never replaces a built-in."""
+    dist = tmp_path / "kvstore_disk_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: kvstore-disk-plugin\n"
+                                   "Version: 0.1\n")
+    (dist / "entry_points.txt").write_text(
+        "[kvstore_tiers.backends]\n"
+        "disk = kvstore_tiers.backends.fs:FileSystemBackend\n"
+        "s3 = kvstore_tiers.backends.fs:FileSystemBackend\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(scratch_registry, "_entry_points_read", False)
+    assert "disk" in backend_names()
+    assert load_backend("disk").name == "fs"
+    assert load_backend("s3").name == "s3"  # the built-in row stays
+    assert scratch_registry._implementations["s3"].install_hint == \
+        "pip install 'kvstore-tiers[s3]'"
