@@ -1,10 +1,27 @@
 """A per-tier circuit breaker, driven from the scheduler thread.
 
-After ``threshold`` consecutive failed jobs (transient backend errors) the
-circuit opens: lookups miss at once and stores are dropped and counted,
-so a dead backend costs vLLM nothing but recomputation. After ``cooldown_s``
-one job is let through as a half-open probe; its success closes the circuit,
-its failure opens it again.
+After ``threshold`` consecutive failed jobs the circuit opens: lookups miss
+at once and stores are dropped and counted, so a dead backend costs vLLM
+nothing but recomputation. After ``cooldown_s`` one job is let through as a
+half-open probe; its success closes the circuit, its failure opens it again.
+
+What counts is decided by keys, not jobs (:meth:`CircuitBreaker.record_keys`):
+
+* a job **succeeds** if the backend answered at least one of its keys
+  (stored, already there, loaded, or a definite "missing"/"corrupt"): an
+  answer proves the backend serves, even while some of its keys fail;
+* a job **fails** only if none of its keys was answered and at least one
+  failed with a transient error (timeout, connection, I/O);
+* a job whose keys were all cancelled (``drain_jobs``: ``reset_cache``,
+  sleep, shutdown) counts neither way: a cancellation is not a backend
+  failure. A cancelled half-open probe is given back, so the next job probes.
+
+So a partial outage -- one dead Redis Cluster master of three, a failed
+disk under some of a tier's shards -- never opens the circuit while jobs
+span live keys: the dead keys cost only themselves (a failed load's key
+answers MISS, a failed store's key is forgotten and stored again later).
+The circuit opens when ``threshold`` jobs in a row get no answer for any
+key: the whole backend is down, or every recent job fell on its dead part.
 
 Only the scheduler thread calls it (lookup, submit, get_finished_jobs), so it
 needs no lock.
@@ -60,6 +77,19 @@ class CircuitBreaker:
             self.state is BreakerState.OPEN
             and self._clock() - self._opened_at >= self.cooldown_s
         )
+
+    def record_keys(self, answered: int, failed: int) -> None:
+        """Record one finished job by its keys (the rule in the module docstring).
+
+        ``answered``: keys the backend answered; ``failed``: keys that failed
+        with a transient error. Cancelled keys are in neither.
+        """
+        if answered:
+            self.record(True)
+        elif failed:
+            self.record(False)
+        elif self.state is BreakerState.HALF_OPEN:
+            self._probe_out = False  # a cancelled probe proved nothing: probe again
 
     def record(self, success: bool) -> None:
         if success:

@@ -9,6 +9,17 @@ Scheduler thread only (vLLM calls ``get_finished_jobs`` and ``submit_*``
 there), so no lock. A fully successful job costs a few counter updates and
 no per-key work: its keys' presence receipt is the job itself
 (:mod:`kvstore_tiers.presence`).
+
+Failed promotions, as vLLM's own tiers treat them (``AsyncLookupManager.mark_miss``,
+vllm#49328): a key whose load failed gets a MISS verdict shared by every
+request. Each request that looks the key up while the verdict lives is
+answered MISS and joins it; the verdict ends when every request that holds
+it has finished (the next lookup then probes the backend afresh), or at
+once when a store of the key completes (the block was recomputed and stored
+again). The request whose load failed holds the verdict until it finishes,
+so a doomed promotion is never retried in a loop (vLLM #49176). Unlike
+``mark_miss``, which only reaches keys with a cached probe, the verdict also
+covers keys this process stored itself (answered from the presence index).
 """
 
 from __future__ import annotations
@@ -44,8 +55,10 @@ class Ledger:
         self.counters = self.metrics.counters
         self.breaker = CircuitBreaker(label, config.failure_threshold, config.breaker_cooldown_s)
         self.presence = PresenceIndex(config.presence_capacity)
-        #: Keys whose load failed, per request: MISS for that request (vLLM #49176).
-        self.failed_by_req: dict[str, set[bytes]] = {}
+        #: MISS verdicts of failed loads: key -> the requests that hold it.
+        self.verdicts: dict[bytes, set[str]] = {}
+        #: The same, by request (what ``forget_request`` releases).
+        self._failed_by_req: dict[str, set[bytes]] = {}
         #: kv events not yet taken by vLLM (None: the tier emits none).
         self.events = events
         #: Load jobs reported failed at their deadline while an I/O thread still ran.
@@ -63,17 +76,54 @@ class Ledger:
         return JobResult(job_id=job_id, success=False)
 
     def fail_loads(self, req_id: str, keys: Collection[bytes]) -> None:
-        """Count ``keys`` as failed loads of request ``req_id``
-        (its later lookups of them answer MISS: vLLM issue 49176)."""
+        """Count ``keys`` as failed loads of request ``req_id`` and give them a MISS verdict."""
         self.counters.load_failures += len(keys)
-        self.failed_by_req.setdefault(req_id, set()).update(keys)
+        self._hold_verdicts(req_id, keys)
+
+    # -- MISS verdicts of failed loads (module docstring) ---------------------------------
+    def is_failed(self, key: bytes, req_id: str) -> bool:
+        """True (and ``req_id`` holds the verdict from now on) if ``key``'s load failed."""
+        holders = self.verdicts.get(key)
+        if holders is None:
+            return False
+        if req_id not in holders:
+            holders.add(req_id)
+            self._failed_by_req.setdefault(req_id, set()).add(key)
+        return True
+
+    def forget_request(self, req_id: str) -> None:
+        """Request ``req_id`` finished: release the verdicts it held."""
+        for key in self._failed_by_req.pop(req_id, ()):
+            holders = self.verdicts.get(key)
+            if holders is not None:
+                holders.discard(req_id)
+                if not holders:
+                    del self.verdicts[key]
+
+    def _hold_verdicts(self, req_id: str, keys: Collection[bytes]) -> None:
+        failed = self.verdicts
+        for key in keys:
+            holders = failed.get(key)
+            if holders is None:
+                holders = failed[key] = set()
+            holders.add(req_id)
+        self._failed_by_req.setdefault(req_id, set()).update(keys)
+
+    def _end_verdicts(self, keys: Collection[bytes]) -> None:
+        """``keys`` were stored again: their verdicts end for every request."""
+        failed, by_req = self.verdicts, self._failed_by_req
+        for key in keys:
+            for req_id in failed.pop(key, ()):
+                held = by_req.get(req_id)
+                if held is not None:
+                    held.discard(key)
 
     # -- finished ----------------------------------------------------------------------
     def completed(self, job: Job) -> JobResult:
         """Apply a finished job's summary; vLLM's JobResult for it."""
         s = job.summary or summarise(job)
         assert s.result is not None
-        self.breaker.record(s.transient == 0)
+        self.breaker.record_keys(len(s.ok) + s.missing + s.corrupt, s.transient)
         self.metrics.observe("load_seconds" if job.is_load else "store_seconds",
                              time.monotonic() - job.submit_time)
         result = s.result
@@ -101,11 +151,10 @@ class Ledger:
         c.objects_loaded += len(ok)
         c.raw_bytes_read += len(ok) * self.row_bytes
         self.metrics.observe("load_seconds", time.monotonic() - job.submit_time)
+        self.breaker.record_keys(len(ok), len(bad))
         if not bad:
-            self.breaker.record(True)
             return JobResult(job_id=job.job_id, success=True, transfer_time=job.transfer_time)
         self.load_timeouts += 1
-        self.breaker.record(False)
         for k in bad:
             self.presence.discard(k)
         self.fail_loads(job.req_id, bad)
@@ -125,13 +174,18 @@ class Ledger:
         c.objects_stored += s.written
         c.raw_bytes_written += s.written * self.row_bytes
         c.stored_bytes_written += s.frame_bytes
+        if self.verdicts:
+            self._end_verdicts(s.ok)
         if s.bad:
             self.presence.discard_receipt(s.bad, job)
-            c.store_failures += len(s.bad)
-            self.warn.warning(
-                "store-failed", "kvstore tier %s: %d of %d stores failed: %s",
-                self.label, len(s.bad), len(job.keys), s.first_error or s.first_corrupt,
-            )
+            c.transfers_cancelled += s.cancelled
+            c.store_failures += len(s.bad) - s.cancelled
+            if len(s.bad) > s.cancelled:
+                self.warn.warning(
+                    "store-failed", "kvstore tier %s: %d of %d stores failed: %s",
+                    self.label, len(s.bad) - s.cancelled, len(job.keys),
+                    s.first_error or s.first_corrupt,
+                )
         if s.event is not None and self.events is not None:
             self.events.append(s.event)
 
@@ -149,6 +203,7 @@ class Ledger:
         c.load_misses += s.missing
         c.corrupt_objects += s.corrupt
         c.load_failures += s.transient
+        c.transfers_cancelled += s.cancelled
         if s.corrupt:
             self.warn.warning(
                 "corrupt", "kvstore tier %s: rejected %d corrupt object(s) (%s); removed, "
@@ -159,7 +214,7 @@ class Ledger:
                 "load-failed", "kvstore tier %s: %d load(s) failed: %s",
                 self.label, s.transient, s.first_error,
             )
-        self.failed_by_req.setdefault(job.req_id, set()).update(s.bad)
+        self._hold_verdicts(job.req_id, s.bad)
 
     # -- inspection ----------------------------------------------------------------------
     def gauges(self, queued_chunks: int, evicted_objects: int) -> dict[str, float]:

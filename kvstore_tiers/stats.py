@@ -29,6 +29,8 @@ COUNTERS: dict[str, str] = {
     "store_failures": "Objects whose store failed with a backend error.",
     "load_failures": "Objects whose load failed with a backend error.",
     "stores_dropped": "Objects not stored because the tier was unhealthy or its queue full.",
+    "transfers_cancelled": "Objects whose store or load was cancelled before it started "
+                           "(drain_jobs: reset_cache, sleep, shutdown).",
     "objects_evicted": "Objects removed by the tier's capacity control.",
 }
 GAUGES: dict[str, str] = {
@@ -62,6 +64,7 @@ class TierCounters:
     store_failures: int = 0
     load_failures: int = 0
     stores_dropped: int = 0
+    transfers_cancelled: int = 0
     objects_evicted: int = 0
 
     def as_dict(self) -> dict[str, int]:

@@ -23,11 +23,11 @@ Threading contract (vLLM contract sections 4.0-4.16):
   they make counts towards CPython's next cyclic-GC pass, which runs on
   whichever thread crosses the threshold (see :class:`~kvstore_tiers.pool.PoolJob`).
 
-Failed promotions and vLLM #49176: a key whose load failed is remembered per
-request (``_failed_by_req``) and answered MISS for that request until it
-finishes, whatever the presence index or the existence check say, so a
-doomed promotion is never retried in a loop. Corrupt objects are deleted;
-later requests re-probe.
+Failed promotions (vllm#49328, #49176): a key whose load failed answers MISS
+for every request until it is stored again or every request that saw the
+verdict has finished (:mod:`kvstore_tiers.ledger`), whatever the presence
+index or the existence check say, so a doomed promotion is never retried in
+a loop. Corrupt objects are deleted; later requests re-probe.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class KVStoreTier(SecondaryTierManager):
             assembly.event_list(offloading_spec, config, tier_type))
         # The scheduler thread's hot paths read these directly.
         self.metrics, self.breaker, self._presence = ledger.metrics, ledger.breaker, ledger.presence
-        self._failed_by_req = ledger.failed_by_req
+        self._failed = ledger.verdicts
         self._warn = ledger.warn
         #: Load jobs with a deadline still in flight (scanned by get_finished_jobs).
         self._deadlined: dict[int, Job] = {}
@@ -156,10 +156,8 @@ class KVStoreTier(SecondaryTierManager):
             # this for every block of every waiting request, every step. No
             # failed loads anywhere, circuit closed, and the key stored by
             # this process: HIT.
-            if self._failed_by_req:
-                failed = self._failed_by_req.get(req_context.req_id)
-                if failed and key in failed:
-                    return LookupResult.MISS
+            if self._failed and self._ledger.is_failed(key, req_context.req_id):
+                return LookupResult.MISS
             breaker = self.breaker
             if breaker.state is not _CLOSED and breaker.is_open:
                 return LookupResult.MISS
@@ -244,7 +242,7 @@ class KVStoreTier(SecondaryTierManager):
     def on_request_finished(self, req_context: ReqContext) -> None:
         try:
             self._lookup.cleanup(req_context.req_id)
-            self._failed_by_req.pop(req_context.req_id, None)
+            self._ledger.forget_request(req_context.req_id)
         except Exception:
             logger.exception("kvstore tier %s: on_request_finished failed", self.tier_type)
 

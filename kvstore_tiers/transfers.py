@@ -59,6 +59,14 @@ from kvstore_tiers.pool import PoolJob
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
 
+class Cancelled(TransientError):
+    """A slot cancelled before it started (drain, ``reset_cache``, shutdown).
+
+    Reported failed to vLLM like any failed slot, but it says nothing of the
+    backend's health: it never feeds the circuit breaker.
+    """
+
+
 class PrimaryRows:
     """vLLM's primary KV view as rows of ``row_bytes`` (I/O threads read and write them).
 
@@ -158,7 +166,7 @@ class Job(PoolJob):
         run_slots(self, codec, start, stop)
 
     def cancel(self, start: int, stop: int) -> None:
-        err = TransientError("cancelled before it started (drain or shutdown)")
+        err = Cancelled("cancelled before it started (drain or shutdown)")
         outcomes = self.outcomes
         for s in range(start, stop):
             outcomes[s] = err
@@ -185,13 +193,14 @@ class Summary:
     """A finished job's outcomes, condensed off the scheduler thread."""
 
     ok: list[bytes]  # stored (written or already there) / loaded
-    bad: list[bytes]  # failed
+    bad: list[bytes]  # failed (cancelled ones included)
     written: int = 0  # stores that wrote an object
     existed: int = 0  # stores that found the object already there
     frame_bytes: int = 0  # frame bytes written (new objects) or read (loaded)
     missing: int = 0  # loads: object gone
     corrupt: int = 0  # loads: object rejected (and removed)
     transient: int = 0  # I/O or service errors (they feed the circuit breaker)
+    cancelled: int = 0  # cancelled before they started (never feed the breaker)
     first_error: BaseException | None = None
     first_corrupt: BaseException | None = None
     #: vLLM's records, built on the finishing I/O thread (see :func:`summarise`).
@@ -218,7 +227,9 @@ class Summary:
                     s.frame_bytes += nbytes
                 continue
             s.bad.append(key)
-            if isinstance(res, ObjectMissing):
+            if isinstance(res, Cancelled):
+                s.cancelled += 1
+            elif isinstance(res, ObjectMissing):
                 s.missing += 1
             elif isinstance(res, ObjectCorrupt):
                 s.corrupt += 1
