@@ -49,7 +49,7 @@ from kvstore_tiers.backends.fs.direct import (
     aligned,
     probe_o_direct,
 )
-from kvstore_tiers.backends.fs.layout import TempNames, prepare_namespace_dir, walk_objects
+from kvstore_tiers.backends.fs.layout import TempNames, prepare_namespace_dir, walk_prefix
 from kvstore_tiers.errors import ConfigError, ObjectCorrupt, ObjectMissing, TransientError
 from kvstore_tiers.frame import FrameCodec
 
@@ -174,8 +174,8 @@ class FileSystemBackend(Backend):
             os.unlink(self.path(name))
 
     def iter_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        for path, st in walk_objects(self.root / prefix if prefix else self.root):
-            yield ObjectInfo(os.path.relpath(path, self.root), st.st_size, st.st_mtime)
+        for name, st in walk_prefix(self.root, prefix):
+            yield ObjectInfo(name, st.st_size, st.st_mtime)
 
     def touch_many(self, names: Sequence[str]) -> None:
         if self.capacity is None:

@@ -23,7 +23,8 @@ from typing import Any
 
 from kvstore_tiers.namespace import SHARDS
 
-__all__ = ["SUFFIX", "TempNames", "make_shards", "prepare_namespace_dir", "walk_objects"]
+__all__ = ["SUFFIX", "TempNames", "make_shards", "prepare_namespace_dir", "walk_objects",
+           "walk_prefix"]
 
 #: Suffix of every object file (temp files and markers never end with it).
 SUFFIX = ".kvf"
@@ -79,5 +80,29 @@ def walk_objects(base: Path | str) -> Iterator[tuple[str, os.stat_result]]:
             path = os.path.join(dirpath, fn)
             try:
                 yield path, os.stat(path)
+            except FileNotFoundError:
+                continue
+
+
+def walk_prefix(root: Path, prefix: str) -> Iterator[tuple[str, os.stat_result]]:
+    """(name, stat) of every object under ``root`` whose name (path relative
+    to ``root``, ``/``-separated) starts with ``prefix``; only the
+    directories that can hold one are walked."""
+    head, _, stem = prefix.rpartition("/")
+    top = root / head if head else root
+    try:
+        entries = list(os.scandir(top))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    base = f"{head}/" if head else ""
+    for entry in entries:
+        if not entry.name.startswith(stem):
+            continue
+        if entry.is_dir(follow_symlinks=False):
+            for path, st in walk_objects(entry.path):
+                yield base + os.path.relpath(path, top).replace(os.sep, "/"), st
+        elif entry.name.endswith(SUFFIX):
+            try:
+                yield base + entry.name, entry.stat()
             except FileNotFoundError:
                 continue
