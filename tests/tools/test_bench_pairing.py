@@ -1,10 +1,10 @@
-"""The benchmarks' ratio: balanced over AB/BA round pairs (kvstore_tiers.bench.pairing)."""
+"""The benchmarks' ratio: balanced over AB/BA round pairs (kvstore_tiers.tools.bench.pairing)."""
 
 from __future__ import annotations
 
 import pytest
 
-from kvstore_tiers.bench.pairing import balanced_ratio, even_rounds
+from kvstore_tiers.tools.bench.pairing import balanced_ratio, even_rounds
 
 
 def test_a_position_effect_cancels_out() -> None:
@@ -30,7 +30,7 @@ def test_rounds_come_in_pairs() -> None:
 
 
 def test_an_interval_excludes_one_only_when_the_pairs_agree() -> None:
-    from kvstore_tiers.bench.pairing import ratio_interval
+    from kvstore_tiers.tools.bench.pairing import ratio_interval
 
     # Ten AB/BA pairs, each pair 1.2x apart in its geometric mean, with
     # +-10 % scatter inside the pairs: the interval sits around 1.2 and off 1.0.
@@ -49,7 +49,7 @@ def test_an_interval_excludes_one_only_when_the_pairs_agree() -> None:
 def test_an_interval_needs_two_pairs() -> None:
     import math
 
-    from kvstore_tiers.bench.pairing import ratio_interval
+    from kvstore_tiers.tools.bench.pairing import ratio_interval
 
     ratio, low, high = ratio_interval([2.0, 2.0], [1.0, 1.0])
     assert ratio == pytest.approx(2.0) and math.isnan(low) and math.isnan(high)

@@ -81,9 +81,11 @@ class Harness:
 
     @property
     def view(self) -> np.ndarray:
-        """The primary tier's rows as a (num_chunks, row_bytes) uint8 array."""
-        mv = self.manager.primary_tier._kv_view if hasattr(
-            self.manager.primary_tier, "_kv_view") else self.tiers[0]._primary_kv_view
+        """The primary tier's rows as a (num_chunks, row_bytes) uint8 array.
+
+        Read through vLLM's public ``CPUPrimaryTierOffloadingManager.get_kv_memoryview``
+        (0.32 and 0.33): the same view vLLM hands every secondary tier."""
+        mv = self.manager.primary_tier.get_kv_memoryview()
         return np.frombuffer(mv, dtype=np.uint8).reshape(mv.shape[0], -1)
 
     @contextlib.contextmanager

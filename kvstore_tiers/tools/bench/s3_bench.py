@@ -1,13 +1,15 @@
 """S3 tier benchmark: tier bandwidth against a raw client loop, bytes per block, lookup cost.
 
-Run ``python -m kvstore_tiers.bench.s3_bench`` (options: ``--help``). Without
-``--endpoint`` it starts its own ``moto_server`` on a free loopback port;
-with one (MinIO: ``--endpoint http://localhost:9000 --bucket kv-cache``
-plus keys in the environment or flags) it uses that server. In the same run
-and against the same server:
+Run by ``kvstore-tiers bench --tier s3``. Without a bucket it starts its own
+``moto_server`` on a free loopback port; with ``--s3-bucket`` (and
+``--s3-endpoint`` for MinIO and other S3-compatible servers, none for AWS)
+it uses that bucket, with credentials from the usual AWS chain (environment,
+shared config/profile, instance role), and writes only under
+``--s3-prefix``/``kvstore-bench-<id>/``, which it empties at the end. In the
+same run and against the same server:
 
 1. **Bandwidth.** The tier driven through vLLM's real
-   TieringOffloadingManager (:mod:`kvstore_tiers.harness`): one store job of
+   TieringOffloadingManager (:mod:`kvstore_tiers.tools.harness`): one store job of
    ``--blocks`` chunks (cascade primary -> S3), then, after the primary
    forgot them, one request that looks them up and loads them back. Against
    it, a raw aiobotocore loop (PutObject / GetObject of objects of the same
@@ -20,15 +22,13 @@ and against the same server:
 3. **Lookup cost.** A second engine (empty presence index) looks up stored
    and absent blocks: HTTP requests sent per looked-up block.
 
-Returns (and prints as a table) a dict of the numbers.
+Returns a dict of the numbers (:mod:`kvstore_tiers.tools.bench.tables` prints it).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
-import json
 import os
 import statistics
 import time
@@ -40,10 +40,9 @@ from typing import Any
 
 import numpy as np
 
-from kvstore_tiers import samples
+from kvstore_tiers.tools import samples
 
 MiB = 1 << 20
-DEFAULT_SAMPLES = samples.default_dir()
 FAKE_KEYS = {"aws_access_key_id": "AKIABENCHFAKE0000000", "aws_secret_access_key": "bench"}
 
 
@@ -85,8 +84,9 @@ def _gbps(nbytes: int, seconds: float) -> float:
 
 
 # -- baselines ---------------------------------------------------------------------
-async def _aio_round(endpoint: str, creds: dict[str, str], bucket: str, keys: list[str],
-                     body: bytes, concurrency: int) -> tuple[float, float]:
+async def _aio_round(endpoint: str | None, region: str | None, creds: dict[str, str],
+                     bucket: str, keys: list[str], body: bytes, concurrency: int
+                     ) -> tuple[float, float]:
     """(put seconds, get seconds) of a plain aiobotocore loop."""
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
@@ -94,7 +94,7 @@ async def _aio_round(endpoint: str, creds: dict[str, str], bucket: str, keys: li
     cfg = AioConfig(max_pool_connections=concurrency,
                     request_checksum_calculation="when_required",
                     response_checksum_validation="when_required")
-    async with get_session().create_client("s3", endpoint_url=endpoint, region_name="us-east-1",
+    async with get_session().create_client("s3", endpoint_url=endpoint, region_name=region,
                                            config=cfg, **creds) as client:
         sem = asyncio.Semaphore(concurrency)
 
@@ -117,13 +117,14 @@ async def _aio_round(endpoint: str, creds: dict[str, str], bucket: str, keys: li
         return t1 - t0, t2 - t1
 
 
-def _threads_round(endpoint: str, creds: dict[str, str], bucket: str, keys: list[str],
-                   body: bytes, concurrency: int) -> tuple[float, float]:
+def _threads_round(endpoint: str | None, region: str | None, creds: dict[str, str],
+                   bucket: str, keys: list[str], body: bytes, concurrency: int
+                   ) -> tuple[float, float]:
     """(put seconds, get seconds) of boto3 on a thread pool (one request per thread)."""
     import boto3
     from botocore.config import Config
 
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+    client = boto3.client("s3", endpoint_url=endpoint, region_name=region,
                           config=Config(max_pool_connections=concurrency,
                                         request_checksum_calculation="when_required",
                                         response_checksum_validation="when_required"),
@@ -163,7 +164,7 @@ def _tier_round(cfg: dict[str, Any], blocks: int, block_bytes: int, seed: int
     """
     from vllm.v1.kv_offload.base import LookupResult
 
-    from kvstore_tiers.harness import build_harness, make_keys
+    from kvstore_tiers.tools.harness import build_harness, make_keys
 
     h = build_harness([cfg], num_chunks=blocks, chunk_bytes=block_bytes)
     try:
@@ -217,19 +218,16 @@ def _tier_round(cfg: dict[str, Any], blocks: int, block_bytes: int, seed: int
         h.shutdown()
 
 
-def _bytes_per_block(cfg: dict[str, Any], samples: Path) -> dict[str, Any]:
-    from kvstore_tiers.harness import build_harness, make_keys
+def _bytes_per_block(cfg: dict[str, Any], samples_dir: Path) -> dict[str, Any]:
+    from kvstore_tiers.tools.harness import build_harness, make_keys
 
-    meta = json.loads((samples / "kv-samples.json").read_text())
     out: dict[str, Any] = {}
-    for entry in meta["files"]:
-        data = np.fromfile(samples / entry["file"], np.uint8)
-        blocks = data.reshape(entry["num_blocks"], entry["block_bytes"])
+    for entry, blocks in samples.load(samples_dir):
         n, row = blocks.shape
         res: dict[str, float] = {"raw": row}
         for comp in ("none", "kvsplit"):
             h = build_harness([{**cfg, "compression": comp,
-                                "prefix": f"bytes-{uuid.uuid4().hex[:8]}/"}],
+                                "prefix": f"{cfg['prefix']}{comp}-{uuid.uuid4().hex[:8]}/"}],
                               num_chunks=n, chunk_bytes=row)
             try:
                 ctx = h.store(make_keys(n, seed=7), blocks)
@@ -246,7 +244,7 @@ def _bytes_per_block(cfg: dict[str, Any], samples: Path) -> dict[str, Any]:
 def _lookup_cost(cfg: dict[str, Any], n: int) -> dict[str, float]:
     from vllm.v1.kv_offload.base import LookupResult
 
-    from kvstore_tiers.harness import build_harness, make_keys
+    from kvstore_tiers.tools.harness import build_harness, make_keys
 
     row = 4096
     writer = build_harness([cfg], num_chunks=n, chunk_bytes=row)
@@ -291,22 +289,33 @@ def _empty_bucket(client: Any, bucket: str, prefix: str = "") -> None:
 
 def run(endpoint: str | None = None, bucket: str | None = None, blocks: int = 128,
         block_mib: float = 1.0, concurrency: int = 32, rounds: int = 3,
-        samples: Path = DEFAULT_SAMPLES, creds: dict[str, str] | None = None,
-        lookup_blocks: int = 64) -> dict[str, Any]:
-    """Run every measurement against ``endpoint`` (own moto if None); return the numbers."""
+        samples_dir: Path | None = None, lookup_blocks: int = 64, prefix: str = "",
+        region: str | None = None) -> dict[str, Any]:
+    """Run every measurement; return the numbers.
+
+    ``bucket`` None: a local moto_server and a fresh bucket on it (``endpoint``
+    ignored). Otherwise the user's ``bucket`` at ``endpoint`` (None: AWS) in
+    ``region``, credentials from the AWS chain, objects only under ``prefix``
+    (emptied afterwards). ``samples_dir``: real KV samples for bytes per
+    block (skipped if None).
+    """
     import boto3
 
     with contextlib.ExitStack() as stack:
-        if endpoint is None:
+        if bucket is None:
             endpoint = stack.enter_context(moto_server())
             server = "moto_server (local, in-memory)"
+            creds: dict[str, str] = dict(FAKE_KEYS)
+            region = "us-east-1"
         else:
-            server = endpoint
-        creds = creds or dict(FAKE_KEYS)
-        admin = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **creds)
+            server = f"{endpoint or 'AWS S3'}, bucket {bucket}"
+            creds = {}  # the AWS chain: environment, shared config/profile, role
+        admin = boto3.client("s3", endpoint_url=endpoint, region_name=region, **creds)
         if bucket is None:
             bucket = f"kvbench-{uuid.uuid4().hex[:12]}"
             admin.create_bucket(Bucket=bucket)
+        root = f"{prefix}kvstore-bench-{uuid.uuid4().hex[:8]}/"
+        stack.callback(_empty_bucket, admin, bucket, root)
         block_bytes = int(block_mib * MiB)
         total = blocks * block_bytes
         body = os.urandom(block_bytes)
@@ -314,20 +323,23 @@ def run(endpoint: str | None = None, bucket: str | None = None, blocks: int = 12
             "type": "s3", "bucket": bucket, "endpoint_url": endpoint, **creds,
             "max_concurrency": concurrency,
         }
+        if region:
+            base_cfg["region"] = region
         times: dict[str, list[float]] = {k: [] for k in (
             "tier_store", "tier_load", "tier_load_transfer", "aio_put", "aio_get",
             "threads_put", "threads_get")}
         ratios: dict[str, list[float]] = {"store": [], "load": [], "load_transfer": []}
         requests: dict[str, int] = {}
         for r in range(rounds):
-            prefix = f"bench-{uuid.uuid4().hex[:8]}/"
-            s, lo, lx, requests = _tier_round({**base_cfg, "prefix": prefix + "tier/",
+            rp = f"{root}round-{r}/"
+            s, lo, lx, requests = _tier_round({**base_cfg, "prefix": rp + "tier/",
                                                "compression": "none"}, blocks, block_bytes, r)
             times["tier_store"].append(s)
             times["tier_load"].append(lo)
             times["tier_load_transfer"].append(lx)
-            keys = [f"{prefix}aio/{i:06d}.kvf" for i in range(blocks)]
-            p, g = asyncio.run(_aio_round(endpoint, creds, bucket, keys, body, concurrency))
+            keys = [f"{rp}aio/{i:06d}.kvf" for i in range(blocks)]
+            p, g = asyncio.run(_aio_round(endpoint, region, creds, bucket, keys, body,
+                                          concurrency))
             times["aio_put"].append(p)
             times["aio_get"].append(g)
             # Per-round ratios (tier and raw loop back to back): less noisy than
@@ -335,11 +347,11 @@ def run(endpoint: str | None = None, bucket: str | None = None, blocks: int = 12
             ratios["store"].append(p / s)
             ratios["load"].append(g / lo)
             ratios["load_transfer"].append(g / lx)
-            keys = [f"{prefix}thr/{i:06d}.kvf" for i in range(blocks)]
-            p, g = _threads_round(endpoint, creds, bucket, keys, body, concurrency)
+            keys = [f"{rp}thr/{i:06d}.kvf" for i in range(blocks)]
+            p, g = _threads_round(endpoint, region, creds, bucket, keys, body, concurrency)
             times["threads_put"].append(p)
             times["threads_get"].append(g)
-            _empty_bucket(admin, bucket, prefix)  # keep an in-memory server small
+            _empty_bucket(admin, bucket, rp)  # keep an in-memory server small
         med = {k: statistics.median(v) for k, v in times.items()}
         gb = {k: _gbps(total, v) for k, v in med.items()}
         result: dict[str, Any] = {
@@ -356,67 +368,8 @@ def run(endpoint: str | None = None, bucket: str | None = None, blocks: int = 12
                                "get": gb["aio_get"] / gb["threads_get"]},
             "tier_requests_last_round": requests,
         }
-        lookup_prefix = f"lookup-{uuid.uuid4().hex[:8]}/"
-        result["lookup"] = _lookup_cost({**base_cfg, "prefix": lookup_prefix}, lookup_blocks)
-        if samples.exists():
+        result["lookup"] = _lookup_cost({**base_cfg, "prefix": f"{root}lookup/"}, lookup_blocks)
+        if samples_dir is not None:
             result["bytes_per_block"] = _bytes_per_block(
-                {**base_cfg, "prefix": "bytes/"}, samples)
-        _empty_bucket(admin, bucket, "bytes-")
-        _empty_bucket(admin, bucket, lookup_prefix)
+                {**base_cfg, "prefix": f"{root}bytes/"}, samples_dir)
         return result
-
-
-def print_table(res: dict[str, Any]) -> None:
-    g = res["gbps"]
-    print(f"\nS3 benchmark against {res['server']}: {res['blocks']} blocks x "
-          f"{res['block_bytes'] / MiB:.2f} MiB, concurrency {res['concurrency']}, "
-          f"median of {res['rounds']} rounds")
-    print(f"{'path':<34}{'store/PUT GB/s':>16}{'load/GET GB/s':>16}")
-    print(f"{'tier (vLLM manager, none codec)':<34}{g['tier_store']:>16.3f}{g['tier_load']:>16.3f}")
-    print(f"{'tier load, transfer only':<34}{'':>16}{g['tier_load_transfer']:>16.3f}")
-    print(f"{'raw aiobotocore loop':<34}{g['aio_put']:>16.3f}{g['aio_get']:>16.3f}")
-    print(f"{'raw boto3 on threads':<34}{g['threads_put']:>16.3f}{g['threads_get']:>16.3f}")
-    t = res["tier_vs_raw_aio"]
-    a = res["aio_vs_threads"]
-    m = res["tier_vs_raw_aio_median_of_rounds"]
-    print(f"tier / raw aiobotocore (medians): store {t['store']:.2f}x, load end-to-end "
-          f"{t['load']:.2f}x, load transfer-only {t['load_transfer']:.2f}x")
-    print(f"tier / raw aiobotocore (median of per-round ratios): store {m['store']:.2f}x, "
-          f"load end-to-end {m['load']:.2f}x, load transfer-only {m['load_transfer']:.2f}x")
-    print(f"tier requests (last round): {res['tier_requests_last_round']}")
-    print(f"aiobotocore / boto3 threads: put {a['put']:.2f}x, get {a['get']:.2f}x")
-    lk = res["lookup"]
-    print(f"lookup: {lk['other_engine_heads_per_block']:.2f} HEAD per block (another engine), "
-          f"{lk['same_engine_requests_per_block']:.2f} requests per block (the storing engine)")
-    for f, b in res.get("bytes_per_block", {}).items():
-        print(f"{f}: raw {b['raw']:.0f} B/block, none {b['none']:.0f}, kvsplit "
-              f"{b['kvsplit']:.0f} ({b['ratio']:.3f}x smaller)")
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--endpoint", help="S3 endpoint URL (default: start a local moto_server)")
-    ap.add_argument("--bucket", help="existing bucket (default: create a fresh one)")
-    ap.add_argument("--access-key-id", default=os.environ.get("AWS_ACCESS_KEY_ID"))
-    ap.add_argument("--secret-access-key", default=os.environ.get("AWS_SECRET_ACCESS_KEY"))
-    ap.add_argument("--blocks", type=int, default=128)
-    ap.add_argument("--block-mib", type=float, default=1.0)
-    ap.add_argument("--concurrency", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--samples", type=Path, default=DEFAULT_SAMPLES)
-    ap.add_argument("--json", help="also write the result dict to this file")
-    args = ap.parse_args(argv)
-    creds = None
-    if args.access_key_id and args.secret_access_key:
-        creds = {"aws_access_key_id": args.access_key_id,
-                 "aws_secret_access_key": args.secret_access_key}
-    res = run(args.endpoint, args.bucket, args.blocks, args.block_mib, args.concurrency,
-              args.rounds, args.samples, creds)
-    print_table(res)
-    if args.json:
-        Path(args.json).write_text(json.dumps(res, indent=2))
-    return res
-
-
-if __name__ == "__main__":
-    main()

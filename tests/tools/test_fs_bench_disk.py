@@ -8,7 +8,7 @@ import os
 import pytest
 
 from kvstore_tiers.backends.fs import O_DIRECT
-from kvstore_tiers.bench.fs_bench import disk_o_direct
+from kvstore_tiers.tools.bench.fs_bench import disk_o_direct
 
 
 def test_the_disk_probe_measures_buffered_io_where_o_direct_is_refused(

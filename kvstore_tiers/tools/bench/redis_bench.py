@@ -1,32 +1,38 @@
 """Redis tier benchmark: bandwidth against redis-benchmark, memory per block.
 
-Run ``python -m kvstore_tiers.bench.redis_bench`` (options: ``--help``). It
-starts its own ``redis-server`` on a free loopback port (no persistence),
-then, in the same run and against the same server:
+Run by ``kvstore-tiers bench --tier redis``. Without a URL it starts its own
+``redis-server`` on a free loopback port (no persistence), then, in the same
+run and against the same server:
 
 1. **Bandwidth.** ``redis-benchmark -t set,get -d <block>`` with as many
    connections (4) as the tier has store threads (its default
    ``n_write_threads``), and the tier driven through
-   vLLM's real TieringOffloadingManager (:mod:`kvstore_tiers.harness`): one
+   vLLM's real TieringOffloadingManager (:mod:`kvstore_tiers.tools.harness`): one
    store job of ``--blocks`` chunks (cascade primary -> Redis), then, after
    the primary forgot them, one request that looks them up and loads them
    back (Redis -> primary). Incompressible bytes and ``compression: none``,
    so both move the same bytes; rounds alternate which side goes first, and a
-   ratio is balanced over AB/BA round pairs (:mod:`kvstore_tiers.bench.pairing`).
+   ratio is balanced over AB/BA round pairs (:mod:`kvstore_tiers.tools.bench.pairing`).
 2. **Memory.** The real KV samples (``shared/data/kv-samples`` beside the checkout) stored
    with ``compression: none`` and with ``kvsplit``; Redis ``MEMORY USAGE``
    per key and the ``used_memory`` delta, per block.
 
-Returns (and prints as a table) a dict of the numbers.
+With ``url`` (``--redis-url``: the user's own server) nothing is flushed,
+pinned or started: the tier writes under a fresh ``key_prefix``, the baseline
+is a plain redis-py loop (``threads`` connections, pipelines of ``batch``
+SET/GET of the same values under its own fresh prefix; redis-benchmark would
+write keys outside any prefix), every key both wrote is deleted afterwards,
+and the memory measurement (a ``used_memory`` delta) is skipped. The URL may
+carry credentials; reports show only host, port and database.
+
+Returns a dict of the numbers (:mod:`kvstore_tiers.tools.bench.tables` prints it).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import io
-import json
 import os
 import shutil
 import socket
@@ -34,17 +40,19 @@ import statistics
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
-from kvstore_tiers import samples
-from kvstore_tiers.bench.pairing import balanced_ratio, even_rounds, round_ratios
+from kvstore_tiers.tools import samples
+from kvstore_tiers.tools.bench.pairing import balanced_ratio, even_rounds, round_ratios
 
 MiB = 1 << 20
-DEFAULT_SAMPLES = samples.default_dir()
 
 
 def _free_port() -> int:
@@ -137,7 +145,7 @@ def tier_round(h: Any, rows: np.ndarray, seed: int) -> dict[str, float]:
       tier's I/O pool is idle -- the GETs and the frame checks into the
       rows, the work ``redis-benchmark -t get`` measures.
     """
-    from kvstore_tiers.harness import make_keys
+    from kvstore_tiers.tools.harness import make_keys
 
     keys = make_keys(len(rows), seed=seed)
     nbytes = rows.nbytes
@@ -240,7 +248,7 @@ def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
     ~25 % slower than 2); ``pin``: see :func:`server_on_own_cpu`."""
     import redis
 
-    from kvstore_tiers.harness import build_harness
+    from kvstore_tiers.tools.harness import build_harness
 
     rounds = even_rounds(rounds)
     rows = np.random.default_rng(0).integers(0, 256, (blocks, block_bytes), dtype=np.uint8)
@@ -307,13 +315,10 @@ def memory(samples_dir: Path) -> list[dict[str, Any]]:
     """Redis memory per block of the real KV samples, none vs kvsplit."""
     import redis
 
-    from kvstore_tiers.harness import build_harness, make_keys
+    from kvstore_tiers.tools.harness import build_harness, make_keys
 
-    meta = json.loads((samples_dir / "kv-samples.json").read_text())
     results = []
-    for entry in meta["files"]:
-        blocks = np.fromfile(samples_dir / entry["file"], dtype=np.uint8).reshape(
-            entry["num_blocks"], entry["block_bytes"])
+    for entry, blocks in samples.load(samples_dir):
         n, size = blocks.shape
         row: dict[str, Any] = {"file": entry["file"], "blocks": n, "block_bytes": size}
         for codec in ("none", "kvsplit"):
@@ -341,70 +346,136 @@ def memory(samples_dir: Path) -> list[dict[str, Any]]:
     return results
 
 
-def run(block_bytes: int = 2 * MiB, blocks: int = 256, rounds: int = 5, threads: int = 4,
-        batch: int = 8, samples_dir: Path = DEFAULT_SAMPLES, read_threads: int = 2,
-        pin: str = "split") -> dict[str, Any]:
-    """Both benchmarks; returns ``{"bandwidth": {...}, "memory": [...]}``."""
-    out: dict[str, Any] = {"bandwidth": bandwidth(block_bytes, blocks, rounds, threads, batch,
-                                                  read_threads, pin)}
-    if (samples_dir / "kv-samples.json").exists():
-        out["memory"] = memory(samples_dir)
+def server_label(url: str) -> str:
+    """``host:port/db`` of a Redis URL: what a report may show (never credentials)."""
+    parts = urlsplit(url)
+    db = parts.path.lstrip("/") or "0"
+    return f"{parts.hostname}:{parts.port or 6379}/{db}"
+
+
+def _delete_prefix(client: Any, prefix: str) -> None:
+    """Delete every key under ``prefix`` (SCAN, not KEYS: the server may be in use)."""
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=f"{prefix}*", count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            client.delete(*batch)
+            batch.clear()
+    if batch:
+        client.delete(*batch)
+
+
+def raw_client_round(url: str, prefix: str, rows: np.ndarray, clients: int, batch: int
+                     ) -> dict[str, float]:
+    """MiB/s of SET then GET of ``rows`` by a plain redis-py loop: ``clients``
+    threads, one connection each, pipelines of ``batch`` commands, keys under
+    ``prefix`` (the baseline on a server this benchmark did not start)."""
+    import redis
+
+    pool = redis.ConnectionPool.from_url(url, max_connections=clients)
+    client = redis.Redis(connection_pool=pool)
+    keys = [f"{prefix}{i:06d}" for i in range(len(rows))]
+    parts = [range(c, len(rows), clients) for c in range(clients)]
+
+    def run(op: str) -> float:
+        def work(idx: range) -> int:
+            got = 0
+            ids = list(idx)
+            for s in range(0, len(ids), batch):
+                pipe = client.pipeline(transaction=False)
+                for i in ids[s:s + batch]:
+                    if op == "set":
+                        pipe.set(keys[i], memoryview(rows[i]))
+                    else:
+                        pipe.get(keys[i])
+                out = pipe.execute()
+                if op == "get":
+                    got += sum(len(v) for v in out if v is not None)
+            return got
+
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(clients) as ex:
+            got = sum(ex.map(work, parts))
+        dt = time.perf_counter() - t0
+        if op == "get" and got != rows.nbytes:
+            raise RuntimeError(f"raw GET returned {got} of {rows.nbytes} bytes")
+        return rows.nbytes / dt / MiB
+
+    try:
+        return {"set": run("set"), "get": run("get")}
+    finally:
+        _delete_prefix(client, prefix)
+        pool.disconnect()
+
+
+def external_bandwidth(url: str, block_bytes: int, blocks: int, rounds: int, threads: int,
+                       batch: int, read_threads: int = 2) -> dict[str, Any]:
+    """:func:`bandwidth` against the user's server at ``url``: tier vs
+    :func:`raw_client_round`, alternating, under fresh prefixes, cleaned up."""
+    import redis
+
+    from kvstore_tiers.tools.harness import build_harness
+
+    rounds = even_rounds(rounds)
+    run_id = uuid.uuid4().hex[:10]
+    tier_prefix, raw_prefix = f"kvbench-{run_id}:tier:", f"kvbench-{run_id}:raw:"
+    rows = np.random.default_rng(0).integers(0, 256, (blocks, block_bytes), dtype=np.uint8)
+    raw: list[dict[str, float]] = []
+    tier: list[dict[str, float]] = []
+    admin = redis.Redis.from_url(url)
+    h = build_harness(
+        [{"type": "redis", "url": url, "compression": "none", "key_prefix": tier_prefix,
+          "n_read_threads": read_threads, "n_write_threads": threads,
+          "pipeline_batch": batch, "presence_capacity": 0}],
+        num_chunks=blocks, chunk_bytes=block_bytes,
+    )
+    try:
+        for r in range(rounds):
+            if r % 2:
+                raw.append(raw_client_round(url, raw_prefix, rows, threads, batch))
+            tier.append(tier_round(h, rows, seed=1000 + r))
+            _delete_prefix(admin, tier_prefix)
+            if not r % 2:
+                raw.append(raw_client_round(url, raw_prefix, rows, threads, batch))
+    finally:
+        h.shutdown()
+        _delete_prefix(admin, tier_prefix)
+        _delete_prefix(admin, raw_prefix)
+        admin.close()
+
+    def med(xs: list[dict[str, float]], k: str) -> float:
+        return statistics.median(x[k] for x in xs)
+
+    out: dict[str, Any] = {
+        "server": server_label(url), "baseline": "redis-py pipelined loop",
+        "block_bytes": block_bytes, "blocks": blocks, "rounds": rounds,
+        "connections": threads, "read_connections": read_threads, "pipeline_batch": batch,
+        "placement": "off",
+        "raw_client_set_MiBps": med(raw, "set"), "raw_client_get_MiBps": med(raw, "get"),
+        "tier_set_MiBps": med(tier, "set"), "tier_get_MiBps": med(tier, "get"),
+        "tier_get_transfer_MiBps": med(tier, "get_transfer"),
+    }
+    for op, base_op in (("set", "set"), ("get", "get"), ("get_transfer", "get")):
+        ours, theirs = [t[op] for t in tier], [b[base_op] for b in raw]
+        out[f"{op}_ratio_raw"] = balanced_ratio(ours, theirs)
+        out[f"{op}_ratios_raw"] = round_ratios(ours, theirs)
     return out
 
 
-def print_table(res: dict[str, Any]) -> None:
-    b = res["bandwidth"]
-    print(f"\nBandwidth, {b['block_bytes'] // 1024} KiB values, {b['blocks']} blocks per job, "
-          f"{b['connections']} connections (tier loads: {b['read_connections']}), "
-          f"median of {b['rounds']} rounds (MiB/s; ratio: balanced over AB/BA round pairs); "
-          f"pinning: {b['placement']}")
-    print(f"{'op':<5}{'redis-benchmark':>16}{'ratio':>7}{'redis-benchmark -r':>20}{'ratio':>7}"
-          f"{'tier (vLLM manager)':>21}")
-    print(f"{'':<5}{'(one key)':>16}{'':>7}{'(distinct keys)':>20}{'':>7}"
-          f"{'(distinct keys)':>21}")
-    for op in ("set", "get"):
-        print(f"{op.upper():<5}{b[f'redis_benchmark_{op}_MiBps']:>16.0f}{b[f'{op}_ratio']:>7.2f}"
-              f"{b[f'redis_benchmark_keys_{op}_MiBps']:>20.0f}{b[f'{op}_ratio_keys']:>7.2f}"
-              f"{b[f'tier_{op}_MiBps']:>21.0f}")
-    print(f"{'GET*':<5}{'':>16}{b['get_transfer_ratio']:>7.2f}{'':>20}"
-          f"{b['get_transfer_ratio_keys']:>7.2f}{b['tier_get_transfer_MiBps']:>21.0f}"
-          "   (* transfer only: submit_load until the I/O pool is idle)")
-    if "memory" in res:
-        print("\nRedis memory per block, real KV samples (bytes)")
-        print(f"{'file':<28}{'raw block':>10}{'none':>10}{'kvsplit':>10}{'ratio':>7}"
-              f"{'used_memory d none/kvsplit':>30}")
-        for r in res["memory"]:
-            print(f"{r['file']:<28}{r['block_bytes']:>10}"
-                  f"{r['none_memory_usage_per_block']:>10.0f}"
-                  f"{r['kvsplit_memory_usage_per_block']:>10.0f}{r['ratio']:>7.2f}"
-                  f"{r['none_used_memory_delta_per_block']:>17.0f} /"
-                  f"{r['kvsplit_used_memory_delta_per_block']:>10.0f}")
+def run(block_bytes: int = 2 * MiB, blocks: int = 256, rounds: int = 5, threads: int = 4,
+        batch: int = 8, samples_dir: Path | None = None, read_threads: int = 2,
+        pin: str = "split", url: str | None = None) -> dict[str, Any]:
+    """Both benchmarks; returns ``{"bandwidth": {...}, "memory": [...]}``.
 
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--block-bytes", type=int, default=2 * MiB)
-    p.add_argument("--blocks", type=int, default=256,
-                   help="blocks per job (and primary rows); redis-benchmark -n is the same")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--threads", type=int, default=4,
-                   help="tier write threads = redis-benchmark -c")
-    p.add_argument("--read-threads", type=int, default=2, help="tier read threads")
-    p.add_argument("--pin", choices=("split", "server", "off"), default="split",
-                   help="split: redis-server on the last CPU, clients on the others; "
-                   "server: only redis-server pinned; off: nothing pinned")
-    p.add_argument("--batch", type=int, default=8,
-                   help="pipeline_batch of the tier (8: the tier's default)")
-    p.add_argument("--samples-dir", type=Path, default=DEFAULT_SAMPLES)
-    p.add_argument("--json", type=Path, help="also write the result here")
-    a = p.parse_args(argv)
-    res = run(a.block_bytes, a.blocks, a.rounds, a.threads, a.batch, a.samples_dir,
-              a.read_threads, a.pin)
-    print_table(res)
-    if a.json:
-        a.json.write_text(json.dumps(res, indent=2))
-    return res
-
-
-if __name__ == "__main__":
-    main()
+    ``url``: the user's server (see the module doc); None starts one here.
+    ``samples_dir``: real KV samples for the memory measurement (skipped if None)."""
+    if url is not None:
+        return {"bandwidth": external_bandwidth(url, block_bytes, blocks, rounds, threads,
+                                                batch, read_threads)}
+    out: dict[str, Any] = {"bandwidth": bandwidth(block_bytes, blocks, rounds, threads, batch,
+                                                  read_threads, pin)}
+    out["bandwidth"].update(server="redis-server started by the benchmark",
+                            baseline="redis-benchmark")
+    if samples_dir is not None:
+        out["memory"] = memory(samples_dir)
+    return out

@@ -1,4 +1,4 @@
-"""Render a demo result (:func:`kvstore_tiers.demo.runner.run_demo`) with rich."""
+"""Render a demo result (:func:`kvstore_tiers.tools.demo.runner.run_demo`) with rich."""
 
 from __future__ import annotations
 

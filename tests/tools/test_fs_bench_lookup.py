@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from kvstore_tiers.bench import fs_bench
 from kvstore_tiers.plugin import register
+from kvstore_tiers.tools.bench import fs_bench
 
 
 @pytest.mark.parametrize("kind", list(fs_bench.TIERS))
@@ -15,7 +15,7 @@ def test_a_load_round_promotes_each_request_as_one_job(tmp_path, monkeypatch, ki
     # vLLM's scheduler scans a request's keys past a RETRY, so one step starts
     # every async lookup and the next one's promotions are one job per request.
     # The bench's loop once stopped at the first RETRY: one-chunk jobs, one per
-    # step, and load windows that timed lookups (docs/benchmarks.md, session 10).
+    # step, and load windows that timed lookups.
     register()
     sizes: list[int] = []
     real_build = fs_bench.build_harness

@@ -1,8 +1,8 @@
 """fs tier benchmark: ours against vLLM's stock fs tier, in the same process.
 
-Run ``python -m kvstore_tiers.bench.fs_bench`` (``--help`` for options). Both
-tiers are built by vLLM's own factory inside vLLM's real
-TieringOffloadingManager (:mod:`kvstore_tiers.harness`), on the same
+Run by ``kvstore-tiers bench --tier fs`` (:mod:`kvstore_tiers.tools.bench.runner`).
+Both tiers are built by vLLM's own factory inside vLLM's real
+TieringOffloadingManager (:mod:`kvstore_tiers.tools.harness`), on the same
 directory's filesystem, with their default settings, in alternating rounds
 (the median is kept, since this machine is noisy). For each chunk size and
 for 1 and 4 concurrent requests:
@@ -24,15 +24,13 @@ for 1 and 4 concurrent requests:
   with about 1,000 chunks in flight.
 
 Incompressible random bytes; our tier with its default ``compression``
-(``auto`` = none for fs). Prints a table and writes JSON (``--json``).
+(``auto`` = none for fs). :func:`run` returns every number in one dict.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import gc
-import json
 import mmap
 import os
 import shutil
@@ -46,18 +44,17 @@ from typing import Any
 
 import numpy as np
 
-from kvstore_tiers import samples
 from kvstore_tiers.backends.fs import O_DIRECT, probe_o_direct
-from kvstore_tiers.bench.pairing import (
+from kvstore_tiers.tools import samples as kv_samples
+from kvstore_tiers.tools.bench.pairing import (
     balanced_ratio,
     even_rounds,
     ratio_interval,
     round_ratios,
 )
-from kvstore_tiers.harness import Harness, build_harness, make_keys
+from kvstore_tiers.tools.harness import Harness, build_harness, make_keys
 
 KiB, MiB = 1 << 10, 1 << 20
-DEFAULT_SAMPLES = samples.default_dir()
 TIERS = {"kvstore": "fs", "vllm": "vllm_fs"}
 
 
@@ -170,7 +167,7 @@ def store_round(kind: str, root: Path, chunk: int, n: int, n_req: int, seed: int
         # A fresh root's start-up writes are no store's window: our tier makes
         # its 4,096 shard directories once, at the first start on a root_dir,
         # and their write-back, landing in the window, halved our x4 stores
-        # on this VM's disk (docs/benchmarks.md, session 9). vLLM's tier makes
+        # on the build VM's disk. vLLM's tier makes
         # its directories per block, inside the window, as it does in an engine.
         os.sync()
         t0 = time.perf_counter()
@@ -214,7 +211,7 @@ def reload_rounds(directory: Path, chunk: int, n: int, n_req: int, rounds: int
     A throughput round also writes, deletes and syncs, and this VM's disk
     then swings a round's ratio 0.3-2.3x; rereading the same files takes the
     writes' aftermath out, and enough rounds give the ratio a confidence
-    interval (:func:`~kvstore_tiers.bench.pairing.ratio_interval`).
+    interval (:func:`~kvstore_tiers.tools.bench.pairing.ratio_interval`).
     """
     rounds = max(2, even_rounds(rounds))
     roots = {k: Path(tempfile.mkdtemp(prefix=f"bench-reload-{k}-", dir=directory))
@@ -252,8 +249,8 @@ def promote_all(h: Harness, reqs: list[tuple[Any, list[bytes]]]) -> tuple[int, i
             # goes on past a RETRY "to let the manager kick off async
             # lookups", so one step starts them all and the promotions the
             # next step initiates form one job per request. Stopping at the
-            # first RETRY (this loop until session 10) started one lookup per
-            # step and made every promotion a one-chunk job.
+            # first RETRY would start one lookup per step and make every
+            # promotion a one-chunk job.
             results = [h.manager.lookup(k, ctx) for ctx, ks in reqs for k in ks]
         waiting = LookupResult.RETRY in results
         h.step()
@@ -415,14 +412,15 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
 # ------------------------------------------------------------------------ main
 def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
         progress: Callable[[str], None] = print, *,
-        samples_dir: Path | None = DEFAULT_SAMPLES, compression_mib: int = 32,
+        samples_dir: Path | None = None, compression_mib: int = 32,
         scheduler_in_flight: int = 1024, reload: int = 0,
         on_row: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Every measurement of this module, in one result dict (see the module doc).
 
-    ``samples_dir``: real KV samples for the compression variants (skipped if
-    None or absent); ``reload``: rounds of :func:`reload_rounds` per chunk size
-    and request count (0: none); ``on_row``: called with each throughput row as it is done.
+    ``samples_dir``: real KV samples (:mod:`kvstore_tiers.tools.samples`) for
+    the compression variants (skipped if None); ``reload``: rounds of
+    :func:`reload_rounds` per chunk size and request count (0: none);
+    ``on_row``: called with each throughput row as it is done.
     """
     from kvstore_tiers.plugin import register
 
@@ -465,7 +463,7 @@ def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
                 row[f"{kind}_steps_to_hit"] = int(statistics.median(per[kind]["steps"]))
                 row[f"{kind}_lookup_steps"] = int(statistics.median(per[kind]["lookup_steps"]))
             for op in ("store", "load"):
-                # Paired and balanced for position (kvstore_tiers.bench.pairing).
+                # Paired and balanced for position (kvstore_tiers.tools.bench.pairing).
                 row[f"{op}_ratio"] = balanced_ratio(per["kvstore"][op], per["vllm"][op])
                 row[f"{op}_ratios"] = round_ratios(per["kvstore"][op], per["vllm"][op])
             row["load_vs_disk_read"] = row["kvstore_load_gbps"] / result["disk"][chunk]["read_gbps"]
@@ -495,7 +493,7 @@ def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
             finally:
                 shutil.rmtree(root, ignore_errors=True)
             progress(f"scheduler-thread cost ({kind}, {section}): {result[section][kind]}")
-    if samples_dir is not None and (samples_dir / "kv-samples.json").exists():
+    if samples_dir is not None:
         root = Path(tempfile.mkdtemp(prefix="bench-codec-", dir=directory))
         try:
             result["compression"] = compression_bench(root, samples_dir, compression_mib * MiB)
@@ -506,16 +504,6 @@ def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
 
 
 # ------------------------------------------------------------ compression variants
-def load_samples(samples_dir: Path) -> list[tuple[str, np.ndarray]]:
-    """[(file name, (num_blocks, block_bytes) uint8)] of the real KV samples."""
-    meta = json.loads((samples_dir / "kv-samples.json").read_text())
-    out = []
-    for entry in meta["files"]:
-        raw = np.fromfile(samples_dir / entry["file"], dtype=np.uint8)
-        out.append((entry["file"], raw.reshape(entry["num_blocks"], entry["block_bytes"])))
-    return out
-
-
 def compression_bench(directory: Path, samples_dir: Path, total_bytes: int,
                       codecs: tuple[str, ...] = ("none", "zstd", "kvsplit")
                       ) -> list[dict[str, Any]]:
@@ -528,7 +516,8 @@ def compression_bench(directory: Path, samples_dir: Path, total_bytes: int,
     through vLLM's manager like the throughput rounds.
     """
     out = []
-    for fname, blocks in load_samples(samples_dir):
+    for entry, blocks in kv_samples.load(samples_dir):
+        fname = entry["file"]
         bb = blocks.shape[1]
         n = max(4, total_bytes // bb)
         n -= n % 4
@@ -568,36 +557,3 @@ def compression_bench(directory: Path, samples_dir: Path, total_bytes: int,
                         "store_effective_gbps": n * bb / store_dt / 1e9,
                         "load_effective_gbps": n * bb / load_dt / 1e9})
     return out
-
-
-def print_report(result: dict[str, Any]) -> None:
-    """The fs tables of ``kvstore-tiers bench`` (one renderer for both entry points)."""
-    from kvstore_tiers.bench.runner import print_tables
-
-    print_tables({"fs": result})
-
-
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--dir", default=".bench-fs", help="directory on the disk to measure")
-    p.add_argument("--chunk-kib", type=int, nargs="+", default=[256, 2048])
-    p.add_argument("--total-mib", type=int, default=128, help="data per round and chunk size")
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--reload-rounds", type=int, default=0, help="load-only rounds (0: none)")
-    p.add_argument("--json", help="write the result here")
-    args = p.parse_args(argv)
-    directory = Path(args.dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    try:
-        result = run(directory.resolve(), [k * KiB for k in args.chunk_kib],
-                     args.total_mib * MiB, args.rounds, reload=args.reload_rounds)
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-    print_report(result)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str))
-    return result
-
-
-if __name__ == "__main__":
-    main()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from kvstore_tiers.bench.fs_bench import reload_rounds
 from kvstore_tiers.plugin import register
+from kvstore_tiers.tools.bench.fs_bench import reload_rounds
 
 
 def test_reload_rounds_reread_every_key_of_both_tiers_and_clean_up(tmp_path) -> None:

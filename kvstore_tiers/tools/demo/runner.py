@@ -1,6 +1,6 @@
 """Run demo phases in fresh processes and put their results together.
 
-:func:`run_phase` starts ``python -m kvstore_tiers.demo.phase`` (a new
+:func:`run_phase` starts ``python -m kvstore_tiers.tools.demo.phase`` (a new
 process: empty GPU and CPU caches), streams its progress events to a
 callback, and returns its JSON result. :func:`run_demo` is the two-phase
 demo: phase 1 ("cold") warms the secondary tier, phase 2 ("warm") is a new
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvstore_tiers.demo.prompts import PromptPlan
+from kvstore_tiers.tools.demo.prompts import PromptPlan
 
 EventCallback = Callable[[str, dict[str, Any]], None]
 #: File that marks a directory as created by the demo (safe to wipe).
@@ -108,7 +108,7 @@ def run_phase(
     log_path = d / "phase.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "kvstore_tiers.demo.phase", str(d / "request.json"),
+            [sys.executable, "-m", "kvstore_tiers.tools.demo.phase", str(d / "request.json"),
              str(result_path)],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -241,7 +241,7 @@ def run_demo(cfg: DemoConfig, on_event: EventCallback | None = None) -> dict[str
     """Cold phase, then warm phase in a new process (plus an optional baseline).
 
     Returns ``{"config": ..., "phases": {"cold": r1, "warm": r2[, "baseline": r0]}}``."""
-    from kvstore_tiers.demo.models import resolve_model
+    from kvstore_tiers.tools.demo.models import resolve_model
 
     if on_event:
         on_event("prepare", {"stage": "model", "message": f"preparing model {cfg.model}"})

@@ -1,7 +1,7 @@
 """One demo/test phase: a fresh vLLM engine in THIS process, prompts sent one by one.
 
-Run as ``python -m kvstore_tiers.demo.phase REQUEST.json RESULT.json``; the
-parent (:mod:`kvstore_tiers.demo.runner`) starts one such process per phase so
+Run as ``python -m kvstore_tiers.tools.demo.phase REQUEST.json RESULT.json``; the
+parent (:mod:`kvstore_tiers.tools.demo.runner`) starts one such process per phase so
 every phase begins with empty GPU/CPU caches and only the secondary tier
 (shared storage) carries state between phases.
 
@@ -155,7 +155,7 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
     """Run one phase in this process; return the JSON-able result."""
     from vllm import SamplingParams, TokensPrompt
 
-    from kvstore_tiers.demo.prompts import PromptPlan, build_prompts
+    from kvstore_tiers.tools.demo.prompts import PromptPlan, build_prompts
 
     events = _Events(request.get("events_path"))
     try:
@@ -263,7 +263,8 @@ def _read_stats_files(directory: str | None) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2:
-        print("usage: python -m kvstore_tiers.demo.phase REQUEST.json RESULT.json", file=sys.stderr)
+        print("usage: python -m kvstore_tiers.tools.demo.phase REQUEST.json RESULT.json",
+              file=sys.stderr)
         return 2
     with open(args[0]) as f:
         request = json.load(f)
