@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 # A child of vLLM's "vllm" logger so the line shows up with vLLM's handler,
 # format and VLLM_LOGGING_LEVEL (vLLM configures only that hierarchy).
-logger = logging.getLogger("vllm.kvstore_tiers.cpu_offload")
+logger = logging.getLogger("vllm.kvstore_cpu_platform")
 
 
 class CPUOffloadUnsupportedError(ValueError):
@@ -253,14 +253,14 @@ class CPUMemmoveOffloadingWorker(OffloadingWorker):
     ) -> None:
         if canonical_layout:
             raise CPUOffloadUnsupportedError(
-                "kvstore_tiers_cpu: canonical_layout is not supported on vLLM's CPU "
+                "kvstore_cpu_platform: canonical_layout is not supported on vLLM's CPU "
                 "platform; remove 'canonical_layout' from kv_connector_extra_config"
             )
         if unsupported:
             # A newer vLLM passing options we do not understand: refuse rather
             # than silently ignore something that changes the layout.
             raise CPUOffloadUnsupportedError(
-                "kvstore_tiers_cpu: unsupported CPUOffloadingWorker options "
+                "kvstore_cpu_platform: unsupported CPUOffloadingWorker options "
                 f"{sorted(unsupported)} (this vLLM is newer than the CPU copy worker)"
             )
         if blocks_per_chunk < 1:
@@ -276,7 +276,7 @@ class CPUMemmoveOffloadingWorker(OffloadingWorker):
         for kv_tensor in kv_caches.tensors:
             if kv_tensor.tensor.device.type != "cpu":
                 raise CPUOffloadUnsupportedError(
-                    "kvstore_tiers_cpu: the CPU copy worker needs host-memory KV caches, "
+                    "kvstore_cpu_platform: the CPU copy worker needs host-memory KV caches, "
                     f"got a tensor on {kv_tensor.tensor.device}"
                 )
             page = kv_tensor.page_size_bytes
@@ -306,7 +306,7 @@ class CPUMemmoveOffloadingWorker(OffloadingWorker):
         self._gpu_tensors = gpu_tensors
         self._cpu_tensors = cpu_tensors
         logger.info(
-            "kvstore_tiers_cpu: synchronous memmove offloading worker ready "
+            "kvstore_cpu_platform: synchronous memmove offloading worker ready "
             "(%d KV tensor(s), %d CPU chunk(s), %d block(s) per chunk, %s)",
             len(gpu_tensors),
             num_cpu_chunks,

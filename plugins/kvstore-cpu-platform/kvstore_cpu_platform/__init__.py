@@ -1,4 +1,4 @@
-"""KV offloading on vLLM's CPU platform (the ``kvstore_tiers_cpu`` vLLM plugin).
+"""KV offloading on vLLM's CPU platform (the ``kvstore_cpu_platform`` vLLM plugin).
 
 vLLM's CPU build refuses the OffloadingConnector on the worker side:
 ``CPUOffloadingSpec.get_worker`` raises on platforms other than CUDA-alike/XPU,
@@ -23,9 +23,17 @@ idempotent, cheap when not on CPU, never raises (a raising plugin aborts vLLM
 startup), logs exactly one INFO line per process when it activates, and does
 nothing (with a WARNING) if vLLM's classes do not look as expected.
 
-It is a separate entry point from ``kvstore_tiers`` (tier registration), so
-``VLLM_PLUGINS=kvstore_tiers_cpu`` keeps CPU offloading while disabling tier
-registration.
+Idempotent across copies too: the patch is marked on vLLM's class by
+:data:`PATCH_MARKER`, a name shared with every other copy of this patch
+(kvstore-tiers 0.1.0 shipped it as ``kvstore_tiers.cpu_offload`` with the entry
+point ``kvstore_tiers_cpu``), so whichever registers first patches and the
+others find the marker and do nothing.
+
+It is a package and an entry point of its own, apart from kvstore-tiers (tier
+registration, entry point ``kvstore_tiers``): ``VLLM_PLUGINS`` must list
+``kvstore_cpu_platform`` on a CPU machine for the OffloadingConnector to work,
+and ``VLLM_PLUGINS=kvstore_cpu_platform`` keeps CPU offloading while
+disabling tier registration.
 
 Refused (clear error at engine start, not silently wrong): ``canonical_layout``
 (raised by the worker) and an offload ``block_size`` that is not a multiple of
@@ -43,10 +51,11 @@ from typing import Any
 __all__ = ["PATCH_MARKER", "is_active", "register"]
 
 # See worker.py: a child of vLLM's logger so the line is visible by default.
-logger = logging.getLogger("vllm.kvstore_tiers.cpu_offload")
+logger = logging.getLogger("vllm.kvstore_cpu_platform")
 
 #: Attribute set on the patched ``CPUOffloadingSpec`` (value: the original
-#: ``get_worker``); presence means "already patched in this process".
+#: ``get_worker``); presence means "already patched in this process", by this
+#: module or another copy of the patch. Its value must never change.
 PATCH_MARKER = "_kvstore_tiers_cpu_original_get_worker"
 
 _SPEC_MODULES = ("vllm.v1.kv_offload.cpu.spec", "vllm.v1.kv_offload.tiering.spec")
@@ -54,7 +63,7 @@ _lock = threading.Lock()
 
 
 def register() -> None:
-    """Entry point ``kvstore_tiers_cpu``: enable KV offloading on vLLM's CPU platform.
+    """Entry point ``kvstore_cpu_platform``: enable KV offloading on vLLM's CPU platform.
 
     Never raises; see the module docstring for the full contract."""
     try:
@@ -62,7 +71,7 @@ def register() -> None:
             _register()
     except Exception:  # a raising general plugin would abort vLLM's startup
         logger.warning(
-            "kvstore_tiers_cpu: could not enable KV offloading on CPU; leaving vLLM unchanged",
+            "kvstore_cpu_platform: could not enable KV offloading on CPU; leaving vLLM unchanged",
             exc_info=True,
         )
 
@@ -92,18 +101,18 @@ def _register() -> None:
             modules.append(importlib.import_module(name))
         except ImportError:
             # A vLLM without tiering still gets plain CPU offloading.
-            logger.debug("kvstore_tiers_cpu: %s not available", name)
+            logger.debug("kvstore_cpu_platform: %s not available", name)
     if not modules or modules[0].__name__ != _SPEC_MODULES[0]:
         logger.warning(
-            "kvstore_tiers_cpu: vllm.v1.kv_offload.cpu.spec not importable; "
+            "kvstore_cpu_platform: vllm.v1.kv_offload.cpu.spec not importable; "
             "KV offloading on CPU stays disabled"
         )
         return
-    from kvstore_tiers.cpu_offload.worker import CPUMemmoveOffloadingWorker
+    from kvstore_cpu_platform.worker import CPUMemmoveOffloadingWorker
 
     if apply_patch(modules, CPUMemmoveOffloadingWorker):
         logger.info(
-            "kvstore_tiers_cpu: KV offloading enabled on vLLM's CPU platform "
+            "kvstore_cpu_platform: KV offloading enabled on vLLM's CPU platform "
             "(OffloadingConnector uses a synchronous memmove copy worker; "
             "canonical_layout unsupported)"
         )
@@ -120,21 +129,21 @@ def apply_patch(modules: list[ModuleType], worker_cls: type) -> bool:
     """
     spec_cls: Any = getattr(modules[0], "CPUOffloadingSpec", None)
     if spec_cls is None:
-        logger.warning("kvstore_tiers_cpu: CPUOffloadingSpec not found; not patching")
+        logger.warning("kvstore_cpu_platform: CPUOffloadingSpec not found; not patching")
         return False
     if PATCH_MARKER in vars(spec_cls):
         return False  # idempotent: already patched in this process
     original_get_worker = vars(spec_cls).get("get_worker")
     if not callable(original_get_worker) or not callable(getattr(spec_cls, "create_worker", None)):
         logger.warning(
-            "kvstore_tiers_cpu: CPUOffloadingSpec has no get_worker/create_worker; "
+            "kvstore_cpu_platform: CPUOffloadingSpec has no get_worker/create_worker; "
             "this vLLM is not supported, not patching"
         )
         return False
     targets = [m for m in modules if hasattr(m, "CPUOffloadingWorker")]
     if modules[0] not in targets:
         logger.warning(
-            "kvstore_tiers_cpu: %s does not use CPUOffloadingWorker; not patching",
+            "kvstore_cpu_platform: %s does not use CPUOffloadingWorker; not patching",
             modules[0].__name__,
         )
         return False
@@ -144,7 +153,7 @@ def apply_patch(modules: list[ModuleType], worker_cls: type) -> bool:
             # A future vLLM overriding get_worker there would bypass our patch
             # silently; say so instead of half-working.
             logger.warning(
-                "kvstore_tiers_cpu: %s.TieringOffloadingSpec overrides get_worker; "
+                "kvstore_cpu_platform: %s.TieringOffloadingSpec overrides get_worker; "
                 "tiering offload on CPU may not work with this vLLM",
                 m.__name__,
             )
