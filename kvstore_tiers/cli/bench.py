@@ -52,11 +52,15 @@ import click
               default=Path("bench-results"), show_default=True,
               help="Where the JSON result and the PNG plots go.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@click.option("--compare", "compare_dir", type=click.Path(file_okay=False, exists=True,
+                                                          path_type=Path), default=None,
+              help="Measure nothing: print the A/B table of two checkouts from the results "
+              "scripts/bench-ab.sh left in this directory (<round>-A/, <round>-B/).")
 def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           total_mib: int | None, rounds: int | None, reload_rounds: int, directory: Path,
           samples_dir: Path | None, redis_url: str | None, s3_bucket: str | None,
           s3_endpoint: str | None, s3_prefix: str, s3_region: str | None, out_dir: Path,
-          no_plots: bool) -> None:
+          no_plots: bool, compare_dir: Path | None) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
@@ -76,6 +80,9 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    if compare_dir is not None:
+        _compare(compare_dir)
+        return
     from kvstore_tiers.tools import samples
     from kvstore_tiers.tools.bench.plots import plot_all
     from kvstore_tiers.tools.bench.runner import BenchPlan, run, write_json
@@ -126,3 +133,24 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         for p in plot_all(result, out_dir):
             console.print(f"plot: {p}")
     console.print(f"took {result['seconds']:.0f} s")
+
+
+def _compare(directory: Path) -> None:
+    """``--compare``: the A/B table of an alternating two-checkout run; also compare.json."""
+    import json
+
+    from rich.console import Console
+
+    from kvstore_tiers.tools.bench.compare import compare, load_rounds, table
+
+    try:
+        a, b = load_rounds(directory)
+    except FileNotFoundError as exc:
+        raise click.BadParameter(str(exc), param_hint="--compare") from None
+    rows = compare(a, b)
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console.print(table(rows, a[0].get("code", {}), b[0].get("code", {})))
+    out = directory / "compare.json"
+    out.write_text(json.dumps({"A": a[0].get("code"), "B": b[0].get("code"), "rounds": len(a),
+                               "figures": rows}, indent=2))
+    console.print(f"{len(a)} rounds; result: {out}")
