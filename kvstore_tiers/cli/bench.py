@@ -12,9 +12,12 @@ import click
 @click.option("--tier", "tiers", type=click.Choice(["fs", "redis", "s3"]), multiple=True,
               default=("fs",), show_default=True,
               help="Tiers to measure (repeatable). fs runs beside vLLM's stock fs tier and "
-              "disk O_DIRECT; redis beside redis-benchmark (own redis-server); s3 beside a "
-              "raw aiobotocore loop (own moto_server).")
-@click.option("--quick", is_flag=True, help="About 1 minute: 256 KiB and 2 MiB, one round.")
+              "disk O_DIRECT; redis beside redis-benchmark on its own redis-server (or a "
+              "redis-py loop on --redis-url); s3 beside a raw aiobotocore loop on its own "
+              "moto_server (or on --s3-bucket).")
+@click.option("--quick", is_flag=True,
+              help="The short run: 256 KiB and 2 MiB, one round, fewer chunks (fs alone: "
+              "about 8 minutes on a busy 2-core VM).")
 @click.option("--chunk-kib", "chunk_kib", type=click.IntRange(4), multiple=True,
               help="Chunk sizes in KiB (repeatable; default 256, 2048, 8192).")
 @click.option("--total-mib", type=click.IntRange(4), default=None,
@@ -25,50 +28,82 @@ import click
               "ratios are balanced over the pairs (default 2).")
 @click.option("--reload-rounds", type=click.IntRange(0), default=0, show_default=True,
               help="fs: after each chunk size's throughput rounds, this many load-only "
-              "rounds per request count rereading one stored window (ratio with a 95 %% "
+              "rounds per request count rereading one stored window (ratio with a 95 % "
               "interval; the disk-bound cells need 40 or so).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
               default=Path(".bench-kvstore"), show_default=True,
               help="Scratch directory on the disk to measure (removed afterwards).")
-@click.option("--samples", "samples_dir", type=click.Path(path_type=Path),
-              default=None, show_default="../shared/data/kv-samples beside the checkout",
-              help="Real KV samples (kv-samples.json + *.bin) for the codec comparison; "
-              "a missing directory skips it.")
+@click.option("--samples", "samples_dir", type=click.Path(path_type=Path), default=None,
+              help="Real KV samples (kv-samples.json + *.bin) for the codec comparison, "
+              "Redis memory and S3 bytes per block (default: $KVSTORE_KV_SAMPLES; "
+              "neither: those parts are skipped).")
+@click.option("--redis-url", default=None, metavar="URL",
+              help="Measure your own Redis (redis:// or rediss://, credentials as the tier "
+              "takes them) instead of starting one. Nothing is flushed: keys go under a "
+              "fresh prefix and are deleted afterwards. Never printed.")
+@click.option("--s3-bucket", default=None,
+              help="Measure your own bucket instead of a local moto_server; credentials "
+              "come from the AWS chain (environment, profile via AWS_PROFILE, role).")
+@click.option("--s3-endpoint", default=None, metavar="URL",
+              help="S3-compatible endpoint of --s3-bucket (MinIO, ...); default: AWS.")
+@click.option("--s3-prefix", default="", show_default=True,
+              help="Prefix of what the benchmark writes in --s3-bucket: everything goes "
+              "under PREFIXkvstore-bench-<id>/, emptied afterwards.")
+@click.option("--s3-region", default=None, help="Region of --s3-bucket (default: the AWS chain's).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("bench-results"), show_default=True,
               help="Where the JSON result and the PNG plots go.")
 @click.option("--no-plots", is_flag=True, help="Skip the PNG plots.")
+@click.option("--compare", "compare_dir", type=click.Path(file_okay=False, exists=True,
+                                                          path_type=Path), default=None,
+              help="Measure nothing: print the A/B table of two checkouts from the results "
+              "scripts/bench-ab.sh left in this directory (<round>-A/, <round>-B/).")
 def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           total_mib: int | None, rounds: int | None, reload_rounds: int, directory: Path,
-          samples_dir: Path | None, out_dir: Path, no_plots: bool) -> None:
+          samples_dir: Path | None, redis_url: str | None, s3_bucket: str | None,
+          s3_endpoint: str | None, s3_prefix: str, s3_region: str | None, out_dir: Path,
+          no_plots: bool, compare_dir: Path | None) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
     stock fs tier (store and load GB/s, 1 and 4 concurrent requests, chunk
     sizes 256 KiB to 8 MiB, scheduler steps from first lookup to HIT), disk
     O_DIRECT read/write, scheduler-thread p50/p99 per call, and the codecs on
-    real bf16 KV (ratio, effective GB/s). Default run about 5 minutes,
-    --quick about 1. Writes bench.json and PNG plots to --out.
+    real bf16 KV (ratio, effective GB/s). Writes bench.json and PNG plots to --out.
 
     \b
     Examples:
       kvstore-tiers bench --quick
-      kvstore-tiers bench --tier fs --tier redis --out docs/bench
+      kvstore-tiers bench --tier fs --tier redis --tier s3 --samples DIR
+      kvstore-tiers bench --tier redis --redis-url redis://10.0.0.5:6379/0
+      kvstore-tiers bench --tier s3 --s3-bucket kv-cache --s3-endpoint http://minio:9000
       kvstore-tiers bench --chunk-kib 2048 --reload-rounds 40
     """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from kvstore_tiers.bench.plots import plot_all
-    from kvstore_tiers.bench.runner import BenchPlan, print_tables, run, write_json
-    from kvstore_tiers.samples import default_dir
+    if compare_dir is not None:
+        _compare(compare_dir)
+        return
+    from kvstore_tiers.tools import samples
+    from kvstore_tiers.tools.bench.plots import plot_all
+    from kvstore_tiers.tools.bench.runner import BenchPlan, run, write_json
+    from kvstore_tiers.tools.bench.tables import print_tables
 
-    samples_dir = samples_dir or default_dir()
-    samples = samples_dir if (samples_dir / "kv-samples.json").exists() else None
+    if s3_endpoint and not s3_bucket:
+        raise click.UsageError("--s3-endpoint needs --s3-bucket (the bucket to measure)")
     plan = BenchPlan.quick() if quick else BenchPlan()
     plan.tiers = tuple(dict.fromkeys(tiers))
     plan.directory = directory
-    plan.samples_dir = samples
+    if samples_dir is not None or samples.from_env() is not None:
+        try:
+            plan.samples_dir = samples.resolve(samples_dir)
+        except samples.SamplesNotFound as exc:
+            raise click.BadParameter(f"{exc} (--samples or ${samples.ENV})",
+                                     param_hint="--samples") from None
+    plan.redis_url = redis_url
+    plan.s3_bucket, plan.s3_endpoint = s3_bucket, s3_endpoint
+    plan.s3_prefix, plan.s3_region = s3_prefix, s3_region
     if chunk_kib:
         plan.chunk_kib = tuple(chunk_kib)
     if total_mib:
@@ -91,9 +126,33 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         result = run(plan, progress)
         prog.update(task, completed=steps)
     print_tables(result, console)
+    if plan.samples_dir is None:
+        console.print(f"real KV samples: none given (--samples or ${samples.ENV}); the codec "
+                      "comparison, Redis memory and S3 bytes per block were skipped")
     json_path = write_json(result, out_dir / "bench.json")
     console.print(f"result: {json_path}")
     if not no_plots:
         for p in plot_all(result, out_dir):
             console.print(f"plot: {p}")
     console.print(f"took {result['seconds']:.0f} s")
+
+
+def _compare(directory: Path) -> None:
+    """``--compare``: the A/B table of an alternating two-checkout run; also compare.json."""
+    import json
+
+    from rich.console import Console
+
+    from kvstore_tiers.tools.bench.compare import compare, load_rounds, table
+
+    try:
+        a, b = load_rounds(directory)
+    except FileNotFoundError as exc:
+        raise click.BadParameter(str(exc), param_hint="--compare") from None
+    rows = compare(a, b)
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console.print(table(rows, a[0].get("code", {}), b[0].get("code", {})))
+    out = directory / "compare.json"
+    out.write_text(json.dumps({"A": a[0].get("code"), "B": b[0].get("code"), "rounds": len(a),
+                               "figures": rows}, indent=2))
+    console.print(f"{len(a)} rounds; result: {out}")

@@ -1,6 +1,6 @@
 """``kvstore-tiers demo``: warm a secondary tier in one vLLM process, hit it from another.
 
-Thin wrapper: the logic is in :mod:`kvstore_tiers.demo`.
+Thin wrapper: the logic is in :mod:`kvstore_tiers.tools.demo`.
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ def demo(model: str, tier: str, config: str | None, fs_root: str, fresh: bool,
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from kvstore_tiers.demo.prompts import PromptPlan
-    from kvstore_tiers.demo.report import render
-    from kvstore_tiers.demo.runner import DemoConfig, PhaseError, run_demo
+    from kvstore_tiers.tools.demo.prompts import PromptPlan
+    from kvstore_tiers.tools.demo.report import render
+    from kvstore_tiers.tools.demo.runner import DemoConfig, PhaseError, run_demo
 
     if block_size % 128:
         raise click.BadParameter("must be a multiple of 128 (vLLM's CPU block size)",

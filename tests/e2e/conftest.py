@@ -15,7 +15,7 @@ pytest.importorskip("vllm")
 
 from e2e_helpers import FOREIGN_SALT, WarmTier, run
 
-from kvstore_tiers.demo.models import tiny_llama_model_dir
+from kvstore_tiers.tools.demo.models import tiny_llama_model_dir
 
 
 @pytest.fixture(scope="session")

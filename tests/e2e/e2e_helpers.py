@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvstore_tiers.demo.prompts import PromptPlan
-from kvstore_tiers.demo.runner import PhaseSpec, run_phase
+from kvstore_tiers.tools.demo.prompts import PromptPlan
+from kvstore_tiers.tools.demo.runner import PhaseSpec, run_phase
 
 # 3 prompts of 750 tokens: 600 shared (4 full 128-token chunks shared, the
 # 5th chunk distinct per prompt).
@@ -26,7 +26,7 @@ FOREIGN_SALT = "e2e-foreign-namespace"
 def run(name: str, model: Path, tiers: list[dict[str, Any]] | None, work: Path,
         plan: PromptPlan = TINY_PLAN, env: dict[str, str] | None = None,
         dtype: str = "float32") -> dict[str, Any]:
-    """One phase in a new process (see kvstore_tiers.demo.phase)."""
+    """One phase in a new process (see kvstore_tiers.tools.demo.phase)."""
     spec = PhaseSpec(name=name, model=str(model), plan=plan, secondary_tiers=tiers,
                      max_tokens=8, block_size=BLOCK, single_process=True, env=env or {},
                      dtype=dtype, warmup_tokens=0)  # 0: keeps object counts exact

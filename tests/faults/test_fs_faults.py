@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from kvstore_tiers.backends.fs import fileio as fs_io
-from kvstore_tiers.harness import make_keys
+from kvstore_tiers.tools.harness import make_keys
 
 from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix
 
@@ -37,7 +37,7 @@ from kvstore_tiers.backends.fs import FileSystemBackend, FsConfig
 from kvstore_tiers.backends.base import StoreItem
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.frame import FrameCodec
-from kvstore_tiers.harness import make_keys
+from kvstore_tiers.tools.harness import make_keys
 from kvstore_tiers.namespace import Namespace
 
 root, run_config = sys.argv[1], json.loads(sys.argv[2])

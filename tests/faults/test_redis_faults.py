@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kvstore_tiers.harness import make_keys
+from kvstore_tiers.tools.harness import make_keys
 
 from ..redis.conftest import RedisServer
 from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kvstore_tiers.harness import make_keys
+from kvstore_tiers.tools.harness import make_keys
 
 from ..redis.conftest import RedisServer
 from .common import HIT, MISS, Driver, rows_for

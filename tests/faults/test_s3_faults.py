@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from kvstore_tiers.harness import make_keys
 from kvstore_tiers.health import BreakerState
+from kvstore_tiers.tools.harness import make_keys
 
 from ..s3.conftest import run_moto, s3_client, tier_config_factory
 from ..s3.faultproxy import FaultProxy

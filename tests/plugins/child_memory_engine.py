@@ -16,8 +16,9 @@ import os
 import sys
 from pathlib import Path
 
-from kvstore_tiers.demo.models import tiny_llama_model_dir
-from kvstore_tiers.demo.phase import (
+from kvstore_tiers.tier import STATS_DIR_ENV
+from kvstore_tiers.tools.demo.models import tiny_llama_model_dir
+from kvstore_tiers.tools.demo.phase import (
     EXTERNAL_HITS,
     TIER_READ_BYTES,
     TIER_WRITE_BYTES,
@@ -26,8 +27,7 @@ from kvstore_tiers.demo.phase import (
     build_llm,
     resolved_tier_classes,
 )
-from kvstore_tiers.demo.prompts import PromptPlan, build_prompts
-from kvstore_tiers.tier import STATS_DIR_ENV
+from kvstore_tiers.tools.demo.prompts import PromptPlan, build_prompts
 
 BLOCK = 128
 #: Bytes of one 128-token chunk of the tiny model (float32), and a primary

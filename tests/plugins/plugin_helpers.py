@@ -61,10 +61,11 @@ def install_plugin(dest: Path) -> Path:
 
 
 def child_env(pythonpath: Path | None) -> dict[str, str]:
+    """The child's environment: this checkout's code (not whatever the venv has
+    installed) and, if given, the installed plugin's directory."""
     env = dict(os.environ)
-    env.pop("PYTHONPATH", None)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = str(pythonpath)
+    paths = [str(pythonpath)] if pythonpath is not None else []
+    env["PYTHONPATH"] = os.pathsep.join([*paths, str(REPO)])
     return env
 
 

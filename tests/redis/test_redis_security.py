@@ -17,7 +17,7 @@ import pytest
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.errors import ConfigError
-from kvstore_tiers.harness import make_keys
+from kvstore_tiers.tools.harness import make_keys
 
 from ..pki import make_pki
 from .conftest import REDIS_SERVER, random_rows

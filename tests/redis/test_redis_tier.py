@@ -18,7 +18,7 @@ from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.frame import parse_header
-from kvstore_tiers.harness import make_keys
+from kvstore_tiers.tools.harness import make_keys
 
 from .conftest import RedisServer, random_rows
 

@@ -7,10 +7,11 @@ from typing import Any
 import numpy as np
 from vllm.v1.kv_offload.base import LookupResult
 
-from kvstore_tiers import samples
-from kvstore_tiers.harness import Harness, build_harness, make_keys
+from kvstore_tiers.tools import samples
+from kvstore_tiers.tools.harness import Harness, build_harness, make_keys
+from tests.conftest import KV_SAMPLES_DIR
 
-SAMPLES = samples.default_dir()
+SAMPLES = KV_SAMPLES_DIR
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 
 

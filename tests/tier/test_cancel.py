@@ -13,7 +13,7 @@ import threading
 
 from vllm.v1.kv_offload.base import LookupResult
 
-from kvstore_tiers.harness import make_keys
+from kvstore_tiers.tools.harness import make_keys
 from kvstore_tiers.health import BreakerState, CircuitBreaker
 
 from ..conftest import rows_like

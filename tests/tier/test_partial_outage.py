@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from vllm.v1.kv_offload.base import LookupResult
 
-from kvstore_tiers.harness import make_keys
+from kvstore_tiers.tools.harness import make_keys
 from kvstore_tiers.health import BreakerState
 
 from ..conftest import rows_like

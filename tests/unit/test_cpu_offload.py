@@ -1,11 +1,15 @@
-"""Unit tests for kvstore_tiers.cpu_offload (the CPU-platform copy worker + plugin)."""
+"""Unit tests of the kvstore-cpu-platform plugin (plugins/kvstore-cpu-platform):
+the CPU-platform copy worker and its idempotent vLLM patch."""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
+import sys
 import types
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -21,8 +25,12 @@ from vllm.v1.kv_offload.base import (  # noqa: E402
 )
 from vllm.v1.kv_offload.cpu.common import CPULoadStoreSpec  # noqa: E402
 
-import kvstore_tiers.cpu_offload as cpu_offload  # noqa: E402
-from kvstore_tiers.cpu_offload.worker import (  # noqa: E402
+# This checkout's plugin, installed or not (as PYTHONPATH=$PWD does for kvstore_tiers).
+PLUGIN_DIR = Path(__file__).resolve().parents[2] / "plugins" / "kvstore-cpu-platform"
+sys.path.insert(0, str(PLUGIN_DIR))
+
+import kvstore_cpu_platform as cpu_offload  # noqa: E402
+from kvstore_cpu_platform.worker import (  # noqa: E402
     CPUMemmoveOffloadingWorker,
     CPUOffloadUnsupportedError,
 )
@@ -191,6 +199,27 @@ def test_register_is_idempotent_and_patches_both_specs(patched_vllm: None) -> No
     assert gpu_worker.CPUOffloadingWorker is not CPUMemmoveOffloadingWorker
 
 
+def test_a_second_copy_of_the_patch_changes_nothing(patched_vllm: None) -> None:
+    """Two entry points with the same patch in one process (a kvstore-tiers that
+    still ships it beside this plugin): the second finds the marker and stays out."""
+    from vllm.v1.kv_offload.cpu import spec as cpu_spec
+
+    get_worker = cpu_spec.CPUOffloadingSpec.get_worker
+    original = vars(cpu_spec.CPUOffloadingSpec)[cpu_offload.PATCH_MARKER]
+    copy_spec = importlib.util.spec_from_file_location(
+        "kvstore_cpu_platform_copy", PLUGIN_DIR / "kvstore_cpu_platform" / "__init__.py",
+        submodule_search_locations=[])
+    assert copy_spec is not None and copy_spec.loader is not None
+    copy = importlib.util.module_from_spec(copy_spec)
+    copy_spec.loader.exec_module(copy)
+    copy.register()
+    copy.register()
+    assert cpu_spec.CPUOffloadingSpec.get_worker is get_worker
+    assert vars(cpu_spec.CPUOffloadingSpec)[cpu_offload.PATCH_MARKER] is original
+    assert cpu_spec.CPUOffloadingWorker is CPUMemmoveOffloadingWorker
+    assert copy.is_active()
+
+
 def test_tiering_spec_worker_writes_the_scheduler_primary_view(patched_vllm: None) -> None:
     """Through vLLM's real TieringOffloadingSpec: the worker's shared-region
     writes are what the scheduler-side primary memoryview (the tiers' view) sees."""
@@ -294,7 +323,7 @@ def test_apply_patch_on_stand_in_modules() -> None:
 
 def test_apply_patch_leaves_unexpected_vllm_alone(caplog: pytest.LogCaptureFixture) -> None:
     mods = _fake_modules(with_get_worker=False)
-    with caplog.at_level(logging.WARNING, logger="vllm.kvstore_tiers.cpu_offload"):
+    with caplog.at_level(logging.WARNING, logger="vllm.kvstore_cpu_platform"):
         assert cpu_offload.apply_patch(mods, object) is False
     assert mods[0].CPUOffloadingWorker is object and mods[1].CPUOffloadingWorker is object
     assert "not patching" in caplog.text

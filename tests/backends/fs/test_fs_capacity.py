@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from pathlib import Path
 
-from kvstore_tiers.harness import make_keys
+from kvstore_tiers.tools.harness import make_keys
 
 from ...conftest import rows_like
 
@@ -42,7 +42,7 @@ def test_cap_holds_and_least_recently_used_go_first(harness_factory, tmp_path) -
 
 
 def _writer(root: str, seed: int, cap: int, n_batches: int) -> None:
-    from kvstore_tiers.harness import build_harness
+    from kvstore_tiers.tools.harness import build_harness
 
     h = build_harness([{"type": "fs", "root_dir": root, "max_bytes": cap}],
                       num_chunks=16, chunk_bytes=ROW)

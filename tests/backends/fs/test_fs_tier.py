@@ -16,7 +16,7 @@ from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.backends.fs import fileio
 from kvstore_tiers.errors import ConfigError
-from kvstore_tiers.harness import make_keys
+from kvstore_tiers.tools.harness import make_keys
 
 from ...conftest import rows_like
 
@@ -208,7 +208,7 @@ def test_existing_objects_are_not_rewritten(harness_factory, tmp_path, io_path) 
 
 def _foreign_object(tmp_path: Path, key: bytes) -> bytes:
     """The frame another model's namespace stores for the same block key."""
-    from kvstore_tiers.harness import build_harness
+    from kvstore_tiers.tools.harness import build_harness
 
     other = tmp_path / "other"
     h = build_harness([{"type": "fs", "root_dir": str(other)}], chunk_bytes=ROW, model="org/other")
@@ -524,7 +524,7 @@ def test_a_job_whose_completion_breaks_is_still_reported_failed(
 
 
 def test_unusable_root_dir_fails_startup_naming_it(tmp_path) -> None:
-    from kvstore_tiers.harness import build_harness
+    from kvstore_tiers.tools.harness import build_harness
 
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
@@ -533,7 +533,7 @@ def test_unusable_root_dir_fails_startup_naming_it(tmp_path) -> None:
 
 
 def test_bad_key_fails_startup_naming_it(tmp_path) -> None:
-    from kvstore_tiers.harness import build_harness
+    from kvstore_tiers.tools.harness import build_harness
 
     with pytest.raises(ConfigError, match="'max_byts'"):
         build_harness([{"type": "fs", "root_dir": str(tmp_path), "max_byts": 1}])
@@ -562,7 +562,7 @@ def test_reset_cache_drains_and_reports_every_job(harness_factory, tmp_path) -> 
 
 @pytest.mark.parametrize("corrupt_load", [False, True])
 def test_shutdown_releases_the_primary_and_stops_threads(tmp_path, corrupt_load) -> None:
-    from kvstore_tiers.harness import build_harness
+    from kvstore_tiers.tools.harness import build_harness
 
     before = {t.ident for t in threading.enumerate()}
     h = build_harness([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)

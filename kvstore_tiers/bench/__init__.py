@@ -1,1 +1,0 @@
-"""Benchmarks of the kvstore tiers (run each module with ``python -m``)."""

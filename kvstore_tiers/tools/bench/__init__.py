@@ -1,0 +1,7 @@
+"""``kvstore-tiers bench`` (:mod:`kvstore_tiers.cli.bench`): each tier against its baseline.
+
+* :mod:`.runner`: the plan and the driver (one result dict).
+* :mod:`.fs_bench`, :mod:`.redis_bench`, :mod:`.s3_bench`: the measurements.
+* :mod:`.pairing`: ratios of alternating rounds, balanced for position.
+* :mod:`.tables`, :mod:`.plots`: the result printed and plotted.
+"""

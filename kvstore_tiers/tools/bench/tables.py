@@ -1,0 +1,180 @@
+"""Rich tables of a ``kvstore-tiers bench`` result: each number beside its baseline."""
+
+from __future__ import annotations
+
+from typing import Any
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+def _scheduler_table(sched: dict[str, Any], phase: str) -> Any:
+    from rich.table import Table
+
+    s = Table(title="scheduler-thread time, microseconds (our jobs: 16 chunks of 256 KiB; "
+              f"calls, then per chunk moved; {phase})")
+    for col in ("method", "ours p50", "vLLM p50", "ours p99", "vLLM p99",
+                "ours p99/chunk", "vLLM p99/chunk", "no GC: ours p99", "vLLM p99",
+                "ours p99/chunk", "vLLM p99/chunk", "GC in calls ours/vLLM",
+                "GC allocs/call ours/vLLM"):
+        s.add_column(col, justify="right")
+    ours, stock = sched.get("kvstore", {}), sched.get("vllm", {})
+
+    def cell(d: dict[str, Any], k: str) -> str:
+        return f"{d[k]:.1f}" if k in d else "-"
+
+    for m in ours:
+        st = stock.get(m, {})
+        s.add_row(m, *(cell(d, k) for k in ("p50_us", "p99_us", "p99_us_per_chunk",
+                                             "p99_us_no_gc", "p99_us_per_chunk_no_gc")
+                       for d in (ours[m], st)),
+                  f"{ours[m].get('gc_calls', '-')}/{st.get('gc_calls', '-')}",
+                  f"{cell(ours[m], 'net_gc_allocs')}/{cell(st, 'net_gc_allocs')}")
+    return s
+
+
+
+def _size(c: int) -> str:
+    return f"{c // KiB} KiB" if c < MiB else f"{c // MiB} MiB"
+
+
+def _reload_table(rows: list[dict[str, Any]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="fs reload: load-only rounds rereading the same stored files "
+              "(GB/s, median of rounds; x: geometric mean over AB/BA round pairs, "
+              "approximate 95 % interval)")
+    for col in ("chunk", "reqs", "rounds", "load ours", "load vLLM", "x", "95 % interval"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        low, high = r["load_ratio_ci95"]
+        t.add_row(_size(r["chunk_bytes"]), str(r["requests"]), str(r["rounds"]),
+                  f"{r['kvstore_load_gbps']:.2f}", f"{r['vllm_load_gbps']:.2f}",
+                  f"{r['load_ratio']:.2f}", f"{low:.2f}-{high:.2f}")
+    return t
+
+
+def print_tables(result: dict[str, Any], console: Any = None) -> None:
+    """Rich tables of everything in ``result``: each number beside its baseline."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    fs = result.get("fs")
+    if fs:
+        disk = "disk O_DIRECT" if fs.get("disk_o_direct", True) else "disk buffered (no O_DIRECT)"
+        t = Table(title=f"fs: kvstore-tiers vs vLLM stock fs tier vs {disk} "
+                  "(GB/s, median of rounds; x: ours/vLLM balanced over AB/BA round pairs; "
+                  "same run)")
+        for col in ("chunk", "reqs", "store ours", "store vLLM", "x", "disk write",
+                    "store/disk", "load ours", "load vLLM", "x", "disk read", "load/disk",
+                    "no-RETRY steps ours/vLLM", "steps to HIT ours/vLLM"):
+            t.add_column(col, justify="right")
+        for r in fs["throughput"]:
+            d = fs["disk"].get(r["chunk_bytes"]) or fs["disk"].get(str(r["chunk_bytes"]))
+            t.add_row(_size(r["chunk_bytes"]), str(r["requests"]),
+                      f"{r['kvstore_store_gbps']:.2f}", f"{r['vllm_store_gbps']:.2f}",
+                      f"{r['store_ratio']:.2f}", f"{d['write_gbps']:.2f}",
+                      f"{r['store_vs_disk_write']:.0%}",
+                      f"{r['kvstore_load_gbps']:.2f}", f"{r['vllm_load_gbps']:.2f}",
+                      f"{r['load_ratio']:.2f}", f"{d['read_gbps']:.2f}",
+                      f"{r['load_vs_disk_read']:.0%}",
+                      f"{r.get('kvstore_lookup_steps', '?')}/{r.get('vllm_lookup_steps', '?')}",
+                      f"{r.get('kvstore_steps_to_hit', '?')}/{r.get('vllm_steps_to_hit', '?')}")
+        console.print(t)
+        if fs.get("reload"):
+            console.print(_reload_table(fs["reload"]))
+        for section, phase in (("scheduler", "the waves fix the GC's phase"),
+                               ("scheduler_gc_random_phase", "GC phase random per wave")):
+            if fs.get(section):
+                console.print(_scheduler_table(fs[section], phase))
+        ours, stock = fs["scheduler"].get("kvstore", {}), fs["scheduler"].get("vllm", {})
+        floor = [d.get("get_finished_jobs", {}).get("p99_us_empty_polls", 0.0)
+                 for d in (ours, stock)]
+        console.print("no GC: calls in which Python's cyclic GC ran (it collects the whole "
+                      "process and starts in whichever thread allocates past its threshold) "
+                      "left out. Noise floor, p99 of get_finished_jobs calls that reported "
+                      f"nothing (sub-microsecond work): ours {floor[0]:.1f} us, "
+                      f"vLLM {floor[1]:.1f} us")
+        if fs.get("compression"):
+            c = Table(title="codecs on real bf16 KV (our fs tier; effective = raw KV GB/s)")
+            for col in ("sample", "block", "codec", "ratio", "store eff. GB/s",
+                        "load eff. GB/s"):
+                c.add_column(col, justify="right")
+            for r in fs["compression"]:
+                c.add_row(r["file"], _size(r["block_bytes"]), r["codec"], f"{r['ratio']:.3f}",
+                          f"{r['store_effective_gbps']:.2f}", f"{r['load_effective_gbps']:.2f}")
+            console.print(c)
+    if "redis" in result:
+        console.print(_redis_table(result["redis"]["bandwidth"]))
+        if result["redis"].get("memory"):
+            console.print(_redis_memory_table(result["redis"]["memory"]))
+    if "s3" in result:
+        for table in _s3_tables(result["s3"]):
+            console.print(table)
+
+
+def _redis_table(b: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    own = "redis_benchmark_keys_set_MiBps" in b
+    base, col = (("redis_benchmark_keys", "redis-benchmark (distinct keys)") if own
+                 else ("raw_client", "redis-py pipelined loop"))
+    suffix = "_keys" if own else "_raw"
+    t = Table(title=f"redis on {b.get('server', 'a local redis-server')}: tier vs {col} "
+              f"({b['block_bytes'] // KiB} KiB values, MiB/s, median of rounds; "
+              "x: balanced over AB/BA round pairs)")
+    for name in ("op", "tier", col, "x"):
+        t.add_column(name, justify="right")
+    for op in ("set", "get"):
+        t.add_row(op.upper(), f"{b[f'tier_{op}_MiBps']:.0f}", f"{b[f'{base}_{op}_MiBps']:.0f}",
+                  f"{b[f'{op}_ratio{suffix}']:.2f}")
+    if "tier_get_transfer_MiBps" in b:
+        t.add_row("GET, transfer only", f"{b['tier_get_transfer_MiBps']:.0f}",
+                  f"{b[f'{base}_get_MiBps']:.0f}", f"{b[f'get_transfer_ratio{suffix}']:.2f}")
+    return t
+
+
+def _redis_memory_table(rows: list[dict[str, Any]]) -> Any:
+    from rich.table import Table
+
+    t = Table(title="redis memory per block, real KV samples (bytes: MEMORY USAGE per key)")
+    for col in ("sample", "raw block", "none", "kvsplit", "none/kvsplit"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(r["file"], str(r["block_bytes"]), f"{r['none_memory_usage_per_block']:.0f}",
+                  f"{r['kvsplit_memory_usage_per_block']:.0f}", f"{r['ratio']:.2f}")
+    return t
+
+
+def _s3_tables(s3: dict[str, Any]) -> list[Any]:
+    from rich.table import Table
+
+    g = s3["gbps"]
+    t = Table(title=f"s3 on {s3['server']}: tier vs raw aiobotocore (GB/s, "
+              f"{s3['blocks']} blocks of {_size(s3['block_bytes'])}, concurrency "
+              f"{s3['concurrency']}, median of {s3['rounds']} rounds)")
+    for col in ("op", "tier", "raw aiobotocore", "tier / raw", "boto3 threads"):
+        t.add_column(col, justify="right")
+    t.add_row("store/PUT", f"{g['tier_store']:.3f}", f"{g['aio_put']:.3f}",
+              f"{g['tier_store'] / g['aio_put']:.2f}", f"{g['threads_put']:.3f}")
+    t.add_row("load/GET", f"{g['tier_load']:.3f}", f"{g['aio_get']:.3f}",
+              f"{g['tier_load'] / g['aio_get']:.2f}", f"{g['threads_get']:.3f}")
+    t.add_row("load/GET, transfer only", f"{g['tier_load_transfer']:.3f}", f"{g['aio_get']:.3f}",
+              f"{g['tier_load_transfer'] / g['aio_get']:.2f}", "")
+    out = [t]
+    lk = s3.get("lookup")
+    extra = Table(title="s3 lookup cost and bytes per block (real KV samples)")
+    for col in ("what", "value"):
+        extra.add_column(col, justify="right")
+    if lk:
+        extra.add_row("HEAD per looked-up block, another engine",
+                      f"{lk['other_engine_heads_per_block']:.2f}")
+        extra.add_row("requests per looked-up block, the storing engine",
+                      f"{lk['same_engine_requests_per_block']:.2f}")
+    for f, b in s3.get("bytes_per_block", {}).items():
+        extra.add_row(f"{f}: raw / none / kvsplit bytes (ratio)",
+                      f"{b['raw']:.0f} / {b['none']:.0f} / {b['kvsplit']:.0f} "
+                      f"({b['ratio']:.3f}x)")
+    if extra.row_count:
+        out.append(extra)
+    return out
