@@ -87,6 +87,7 @@ from kvstore_tiers.namespace import Namespace
 from kvstore_tiers.pool import IOPool, PoolJob
 from kvstore_tiers.presence import PresenceIndex
 from kvstore_tiers.ratelimit import RateLimitedLogger
+from kvstore_tiers.shm import sweep_stale_regions
 from kvstore_tiers.stats import TierMetrics, metric_definitions
 
 if TYPE_CHECKING:
@@ -283,6 +284,7 @@ class KVStoreTier(SecondaryTierManager):
         from kvstore_tiers.log import attach_to_vllm_logging
 
         attach_to_vllm_logging()
+        sweep_stale_regions()  # regions of killed engines would leak /dev/shm
         backend_cls = self.backend_cls
         config: TierConfig = validate_config(backend_cls.config_model, tier_type, tier_kwargs)
         if backpressure_detector is None and backend_cls.remote:
