@@ -41,7 +41,7 @@ PATTERN = "vllm_offload_*.mmap"
 MIN_AGE_S = 10.0
 
 
-def _inodes_in_use(proc: Path, directory: Path) -> set[tuple[int, int]]:
+def inodes_in_use(proc: Path, directory: Path) -> set[tuple[int, int]]:
     """(device, inode) of every file under ``directory`` that a readable process maps or opens."""
     dev = os.stat(directory).st_dev
     dev_text = f"{os.major(dev):02x}:{os.minor(dev):02x}"
@@ -82,7 +82,7 @@ def find_stale_regions(directory: Path = SHM_DIR, *, min_age_s: float = MIN_AGE_
             candidates.append((path, st))
     if not candidates:
         return []
-    used = _inodes_in_use(proc, directory)
+    used = inodes_in_use(proc, directory)
     return [p for p, st in candidates if (st.st_dev, st.st_ino) not in used]
 
 
