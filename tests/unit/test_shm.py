@@ -16,11 +16,18 @@ from kvstore_tiers.shm import find_stale_regions, sweep_stale_regions
 pytestmark = pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc")
 
 _HOLD = r"""
-import mmap, os, sys, time
+import ctypes, mmap, os, sys
 fd = os.open(sys.argv[1], os.O_RDWR)
-m = mmap.mmap(fd, 0)
 if sys.argv[2] == "map":
-    os.close(fd)          # only the mapping keeps the file in use
+    # libc's mmap, not Python's (which keeps a dup of the fd): after the close
+    # only the mapping keeps the file in use, as in a vLLM worker.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    addr = libc.mmap(None, os.fstat(fd).st_size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value), ctypes.get_errno()
+    os.close(fd)
 print("ready", flush=True)
 sys.stdin.read()          # until the parent closes our stdin
 """
