@@ -72,7 +72,7 @@ from kvstore_tiers.errors import (
 )
 from kvstore_tiers.frame import HEADER_FIXED, MAGIC, FrameCodec
 from kvstore_tiers.ratelimit import RateLimitedLogger
-from kvstore_tiers.redact import redact_nodes, redact_url
+from kvstore_tiers.redact import redact_nodes, redact_text, redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -338,7 +338,7 @@ class RedisBackend(Backend):
             raise ConfigError(f"redis tier: {where} refused PING: {msg}") from None
         except Exception as exc:  # connection refused, DNS, TLS handshake, timeout
             self._close_client()
-            text = str(exc)
+            text = redact_text(str(exc))  # a URL parse error may quote the URL
             hint = ""
             if "SSL" in text or "ssl" in text or "certificate" in text:
                 hint = " (TLS setup: check the rediss:// URL, tls_ca_file, tls_cert_file, " \
