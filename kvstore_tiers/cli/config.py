@@ -78,6 +78,19 @@ def serve_command(model: str, kv_transfer_config: dict[str, Any]) -> str:
             f"  --kv-transfer-config {shlex.quote(text)}")
 
 
+def _warn_secret_urls(tiers: list[dict[str, Any]]) -> None:
+    """The printed config must run, so a URL's password is printed as given:
+    say so on stderr (never echoing it), and name the safer way."""
+    from kvstore_tiers.redact import redact_url
+
+    for t in tiers:
+        for url in [t.get("url") or "", *(t.get("nodes") or [])]:
+            if isinstance(url, str) and redact_url(url) != url:
+                click.echo(f"warning: {redact_url(url)} carries a password, and the output "
+                           "below contains it; prefer 'password_env' (default "
+                           "KVSTORE_REDIS_PASSWORD) in configs you share", err=True)
+
+
 @click.command("config")
 @click.option("--tier", "tier_kinds", type=click.Choice(["fs", "s3", "redis"]), multiple=True,
               help="Tier(s) to put below the CPU tier, in order (repeatable).")
@@ -124,6 +137,7 @@ def config_cmd(tier_kinds: tuple[str, ...], tiers_json: str | None, root_dir: st
         raise click.UsageError("give --tier (fs, s3, redis) or --tiers-json")
     cfg = kv_transfer_config(tiers, int(cpu_gb * (1 << 30)), block_size)
     text = json.dumps(cfg)
+    _warn_secret_urls(tiers)
     if json_only:
         click.echo(text)
         return

@@ -144,3 +144,19 @@ def test_cli_commands_hide_every_form(auth_server: Any, args: list[str],
         else:
             assert res.exit_code != 0
     assert not _leaks(caplog.text)
+
+
+def test_config_prints_the_url_it_must_run_with_and_warns() -> None:
+    """`config` prints a command to run, so the URL stays whole on stdout;
+    stderr says so without the password."""
+    url = f"redis://127.0.0.1:6379/0?password={PW}"
+    res = CliRunner().invoke(cli_main, ["config", "--tier", "redis", "--url", url,
+                                        "--json-only"])
+    assert res.exit_code == 0, res.output
+    tier = json.loads(res.stdout)["kv_connector_extra_config"]["secondary_tiers"][0]
+    assert tier["url"] == url
+    assert "carries a password" in res.stderr
+    assert not _leaks(res.stderr)
+    plain = CliRunner().invoke(cli_main, ["config", "--tier", "redis", "--url",
+                                          "redis://127.0.0.1:6379/0", "--json-only"])
+    assert plain.stderr == ""
