@@ -80,7 +80,8 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from kvstore_tiers.backends.base import Backend, LoadItem, StoreItem, classify
 from kvstore_tiers.codecs import resolve_compression
 from kvstore_tiers.config import TierConfig, validate_config
-from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing, TransientError, detached
+from kvstore_tiers.errors import ConfigError, ObjectCorrupt, ObjectMissing, TransientError, detached
+from kvstore_tiers.fingerprint import FingerprintError
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.health import BreakerState, CircuitBreaker
 from kvstore_tiers.namespace import Namespace
@@ -305,7 +306,13 @@ class KVStoreTier(SecondaryTierManager):
             # delete as corrupt) each other's objects; a rotation starts fresh.
             salt = f"{salt or ''}|key:{cipher.key_id}"
         self.encrypted = cipher is not None
-        self.namespace = Namespace.from_offloading_spec(offloading_spec, salt)
+        try:
+            self.namespace = Namespace.from_offloading_spec(
+                offloading_spec, salt, model_fingerprint=config.model_fingerprint,
+                model_version=config.model_version)
+        except FingerprintError as exc:
+            raise ConfigError(f"secondary tier '{tier_type}': key 'model_fingerprint': {exc}; "
+                              "set model_version, or model_fingerprint: off") from None
         self.codec_id = resolve_compression(
             config.compression, remote=backend_cls.remote, dtype_bytes=self.namespace.dtype_bytes
         )
@@ -357,7 +364,8 @@ class KVStoreTier(SecondaryTierManager):
         logger.info(
             "kvstore tier '%s' ready: %s, namespace %s, codec %s, chunk %d bytes x %d rows, "
             "%d+%d I/O threads, locality %s",
-            tier_type, self.backend.describe(), self.namespace.name, self.codec_id.name.lower(),
+            tier_type, self.backend.describe(), self.namespace.describe(),
+            self.codec_id.name.lower(),
             self._block_size_bytes, self._num_chunks, config.n_read_threads,
             config.n_write_threads, self.locality.value,
         )
