@@ -8,6 +8,9 @@ bytes depend on (docs/model-identity.md has the table):
 
 * ``model_identity``: the model's revision, config and weight fingerprint, or
   an explicit ``model_version`` (:mod:`kvstore_tiers.fingerprint`);
+* the parallel layout for the direct KV layout, which vLLM would collapse
+  although its rank-major chunk bytes differ between TP sizes
+  (:func:`parallel_agnostic_layout`);
 * ``kv_cache_layout``: the resolved KV cache layout, which FileMapper only
   records for the canonical format although the direct layout's bytes depend
   on it as much;
@@ -106,7 +109,7 @@ class Namespace:
             root_dir="",
             offloading_spec=spec,
             blocks_per_file=spec.blocks_per_chunk,
-            parallel_agnostic=True,
+            parallel_agnostic=parallel_agnostic_layout(spec.config),
         )
         cfg = mapper.get_run_config()
         vllm_config = engine_config if engine_config is not None else current_engine_config()
@@ -161,6 +164,24 @@ class Namespace:
         hash_hex = key[:-4].hex()
         group = int.from_bytes(key[-4:], "big")
         return f"{self.name}/{hash_hex[:3]}/{hash_hex}_g{group}.kvf"
+
+
+def parallel_agnostic_layout(config: Any) -> bool:
+    """Whether a chunk's bytes may be shared across parallel layouts.
+
+    vLLM calls the direct layout parallelism-agnostic when each TP rank holds
+    a distinct share of the KV heads, but the chunk the secondary tiers see is
+    the shared offload region's row, which is rank-major: ``[rank 0: every
+    layer's page][rank 1: every layer's page]``. With more than one layer
+    that is not the TP=1 row's byte order, and a TP=1 engine served a TP=2
+    engine's chunk generates other tokens (tests/e2e/test_tensor_parallel.py
+    showed it before this check). So only the layouts whose bytes are the
+    same by construction collapse the parallel fields: the canonical format
+    (topology-free pages, certified per layer by vLLM, which FileMapper
+    still gates on ``is_parallelism_agnostic``) and the replicated MLA layout
+    (one copy of identical bytes). The direct layout keeps tp/pp/pcp/dcp."""
+    return bool(getattr(config, "canonical_layout", False)
+                or getattr(config, "replicated_layout", False))
 
 
 def current_engine_config() -> Any | None:

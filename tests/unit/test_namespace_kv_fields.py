@@ -8,6 +8,7 @@ our fs tier, as an engine does minus the model runner."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import uuid
 from collections.abc import Iterator
@@ -47,7 +48,13 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     tiny = tiny_llama_model_dir(d / "tiny", seed=0)
     other = d / "tiny-copy"  # the same files under another path (another model name)
     shutil.copytree(tiny, other)
-    return {"tiny": tiny, "copy": other}
+    # two KV heads: TP=2 splits them (vLLM calls that layout parallelism-agnostic);
+    # only the config matters here, no weights are loaded
+    kv2 = d / "tiny-kv2"
+    shutil.copytree(tiny, kv2)
+    cfg = json.loads((kv2 / "config.json").read_text())
+    (kv2 / "config.json").write_text(json.dumps({**cfg, "num_key_value_heads": 2}))
+    return {"tiny": tiny, "copy": other, "kv2": kv2}
 
 
 @pytest.fixture(autouse=True)
@@ -168,12 +175,12 @@ CASES = [
     ("model_dtype_under_fp8", {"kv_cache_dtype": "fp8", "dtype": "bfloat16"},
      {"dtype", "engine"}),
     ("kv_cache_layout", {"layout": "BLHNC"}, {"kv_cache_layout"}),
-    ("canonical_layout", {"canonical": True}, {"canonical_format"}),
+    # canonical pages are topology-free: the only layout whose parallel fields collapse
+    ("canonical_layout", {"canonical": True}, {"canonical_format", "parallel_agnostic"}),
     ("block_size", {"block_size": 64, "chunk": 128},
      {"kv_cache_groups", "blocks_per_file", "tokens_per_hash"}),
     ("blocks_per_chunk", {"chunk": 256}, {"blocks_per_file"}),
-    # two groups (sliding + full) are never parallelism-agnostic: vLLM records that too
-    ("kv_groups", {"sliding": True}, {"kv_cache_groups", "parallel_agnostic"}),
+    ("kv_groups", {"sliding": True}, {"kv_cache_groups"}),
 ]
 
 
@@ -215,22 +222,24 @@ def test_quantization_method_enters_the_engine_fields(engine: Any) -> None:
     assert engine_fields(vc)["quantization"] == "fp8"
 
 
-def test_tensor_parallel_layouts(engine: Any) -> None:
-    """TP=2 of a model with one KV head replicates the head on both ranks: not
-    parallelism-agnostic, so vLLM keeps tp_size in the run config -> a MISS for
-    TP=1 (the engine-level check is in tests/e2e/test_tensor_parallel.py)."""
+@pytest.mark.parametrize("model", ["tiny", "kv2"])
+def test_tensor_parallel_layouts(engine: Any, model: str) -> None:
+    """TP=2 then TP=1 on one tier: a MISS, whether vLLM calls the TP=2 layout
+    parallelism-agnostic (two KV heads, one per rank) or not (one KV head,
+    replicated). The direct layout's chunk is rank-major, so its bytes differ
+    between TP sizes; the engine-level proof is tests/e2e/test_tensor_parallel.py."""
     from vllm.v1.kv_offload.base import LookupResult
 
-    tp1 = engine()
-    tp2 = engine(tp=2)
+    tp1 = engine(model=model)
+    tp2 = engine(model=model, tp=2)
     assert tp2.vllm_config.parallel_config.tensor_parallel_size == 2
-    assert not tp2.harness.spec.config.parallel.is_parallelism_agnostic
+    assert tp2.harness.spec.config.parallel.is_parallelism_agnostic is (model == "kv2")
     cfg1, cfg2 = tp1.namespace.run_config, tp2.namespace.run_config
     assert cfg2["tp_size"] == 2 and cfg2["parallel_agnostic"] is False
-    assert cfg1["tp_size"] == 1 and "parallel_agnostic" not in cfg1
+    assert cfg1["tp_size"] == 1
     _store(tp2)
     assert _lookup(tp1) == [LookupResult.MISS] * 4
-    assert _lookup(engine(tp=2)) == [LookupResult.HIT] * 4
+    assert _lookup(engine(model=model, tp=2)) == [LookupResult.HIT] * 4
 
 
 def test_engine_config_is_found_without_being_current(engine: Any) -> None:
