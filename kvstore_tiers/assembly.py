@@ -12,6 +12,8 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from kvstore_tiers.config import TierConfig
+from kvstore_tiers.errors import ConfigError
+from kvstore_tiers.fingerprint import FingerprintError
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.namespace import Namespace
 from kvstore_tiers.pool import IOPool
@@ -44,16 +46,24 @@ def open_cipher(config: TierConfig) -> PayloadCipher | None:
 
 
 def make_namespace(offloading_spec: OffloadingSpec, config: TierConfig,
-                   cipher: PayloadCipher | None) -> Namespace:
-    """The tier's namespace; with a cipher, one per key.
+                   cipher: PayloadCipher | None, tier_type: str) -> Namespace:
+    """The tier's namespace: vLLM's run config, the model's identity, and with
+    a cipher, one per key.
 
     Different keys -> different namespaces: tenants never address (or delete
-    as corrupt) each other's objects; a rotation starts fresh.
+    as corrupt) each other's objects; a rotation starts fresh. Model files
+    that cannot be fingerprinted fail start-up naming the key.
     """
     salt = config.namespace_salt
     if cipher is not None:
         salt = f"{salt or ''}|key:{cipher.key_id}"
-    return Namespace.from_offloading_spec(offloading_spec, salt)
+    try:
+        return Namespace.from_offloading_spec(
+            offloading_spec, salt, model_fingerprint=config.model_fingerprint,
+            model_version=config.model_version)
+    except FingerprintError as exc:
+        raise ConfigError(f"secondary tier '{tier_type}': key 'model_fingerprint': {exc}; "
+                          "set model_version, or model_fingerprint: off") from None
 
 
 def event_list(offloading_spec: OffloadingSpec, config: TierConfig, tier_type: str

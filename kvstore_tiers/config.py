@@ -76,6 +76,17 @@ class TierConfig(BaseModel):
     namespace_salt: str | None = Field(
         None, description="Extra string mixed into the namespace (tenant isolation)."
     )
+    model_fingerprint: Literal["sampled", "full", "off"] = Field(
+        "sampled", description="How the model's files enter the namespace, so that KV of "
+        "replaced weights at the same path is never served. sampled: config.json, the hub "
+        "revision, each weight file's size, safetensors header and 16 blocks of 64 KiB; "
+        "full: every weight byte (BLAKE3), cached per file version; off: the model name only "
+        "(docs/model-identity.md).",
+    )
+    model_version: str | None = Field(
+        None, min_length=1, description="Your own version string for the model; replaces the "
+        "fingerprint (model_fingerprint is then not used). Change it whenever the weights do.",
+    )
     encryption_key_env: str | None = Field(
         None, description="Name of an environment variable holding an AES key (16/24/32 "
         "bytes, hex or base64): payloads are encrypted with AES-GCM. Never the key itself.",

@@ -1,20 +1,45 @@
 """The storage namespace: which model/dtype/layout a block belongs to.
 
-We reuse vLLM's own :class:`FileMapper` run config (model name, tokens per
-hash, blocks per chunk, parallel layout, dtype, KV cache groups, canonical
-format) rather than inventing another, so our namespace changes exactly when
-vLLM's stock tiers would consider blocks incompatible. Its digest goes into
-every frame header; its name prefixes every object.
+We start from vLLM's own :class:`FileMapper` run config (model name, tokens
+per hash, blocks per chunk, parallel layout, KV cache dtype, KV cache groups,
+canonical format), so our namespace changes whenever vLLM's stock tiers would
+consider blocks incompatible, and add what that config leaves out but the KV
+bytes depend on (docs/model-identity.md has the table):
+
+* ``model_identity``: the model's revision, config and weight fingerprint, or
+  an explicit ``model_version`` (:mod:`kvstore_tiers.fingerprint`);
+* the parallel layout for the direct KV layout, which vLLM would collapse
+  although its rank-major chunk bytes differ between TP sizes
+  (:func:`parallel_agnostic_layout`);
+* ``kv_cache_layout``: the resolved KV cache layout, which FileMapper only
+  records for the canonical format although the direct layout's bytes depend
+  on it as much;
+* ``engine``: the model dtype (vLLM's ``dtype`` field is the KV cache dtype,
+  so the model's own is lost once ``--kv-cache-dtype`` is set), the
+  quantisation method (on-the-fly quantisation changes no file), and the
+  Mamba state dtypes when set.
+
+Its digest goes into every frame header; its name prefixes every object.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+import logging
+import sys
+from dataclasses import dataclass, field
 from typing import Any
 
+from kvstore_tiers.fingerprint import (
+    FingerprintError,
+    FingerprintMode,
+    ModelIdentity,
+    model_identity,
+)
 from kvstore_tiers.frame import NAMESPACE_DIGEST_BYTES
+
+logger = logging.getLogger(__name__)
 
 _DTYPE_BYTES = {
     "bfloat16": 2, "float16": 2, "half": 2, "bf16": 2, "fp16": 2,
@@ -47,6 +72,7 @@ class Namespace:
     name: str
     digest: bytes
     dtype_bytes: int | None
+    identity: ModelIdentity | None = field(default=None, compare=False)
 
     @classmethod
     def from_run_config(cls, run_config: dict[str, Any], salt: str | None = None) -> Namespace:
@@ -64,17 +90,67 @@ class Namespace:
         )
 
     @classmethod
-    def from_offloading_spec(cls, spec: Any, salt: str | None = None) -> Namespace:
-        """Build from a vLLM OffloadingSpec, through vLLM's FileMapper."""
+    def from_offloading_spec(
+        cls, spec: Any, salt: str | None = None, *,
+        model_fingerprint: FingerprintMode = "off", model_version: str | None = None,
+        engine_config: Any | None = None,
+    ) -> Namespace:
+        """Build from a vLLM OffloadingSpec: vLLM's FileMapper run config plus
+        the fields it leaves out (module doc).
+
+        ``engine_config`` is the engine's VllmConfig; by default the one of
+        the engine building the tier (:func:`current_engine_config`), and the
+        engine fields are left out when there is none (a manager built outside
+        an engine). Raises :class:`~kvstore_tiers.fingerprint.FingerprintError`
+        when the model's files cannot be fingerprinted."""
         from vllm.v1.kv_offload.file_mapper import FileMapper
 
         mapper = FileMapper.from_offloading_spec(
             root_dir="",
             offloading_spec=spec,
             blocks_per_file=spec.blocks_per_chunk,
-            parallel_agnostic=True,
+            parallel_agnostic=parallel_agnostic_layout(spec.config),
         )
-        return cls.from_run_config(mapper.get_run_config(), salt=salt)
+        cfg = mapper.get_run_config()
+        vllm_config = engine_config if engine_config is not None else current_engine_config()
+        layout = getattr(spec.config, "kv_cache_layout", None)
+        if layout is None and vllm_config is not None:
+            layout = getattr(vllm_config.cache_config, "kv_cache_layout", None)
+        if layout is not None:
+            cfg["kv_cache_layout"] = str(layout)
+        engine = engine_fields(vllm_config)
+        if engine:
+            cfg["engine"] = engine
+        model_cfg = getattr(vllm_config, "model_config", None)
+        try:
+            identity = model_identity(
+                spec.config.model.name, model_fingerprint, version=model_version,
+                revision=getattr(model_cfg, "revision", None),
+                download_dir=getattr(getattr(vllm_config, "load_config", None),
+                                     "download_dir", None),
+            )
+        except FingerprintError as exc:
+            if vllm_config is not None:
+                raise  # an engine whose model files we cannot see: fail at start-up
+            # A manager built outside an engine (tests, benchmarks, the CLI's
+            # check) on a model name with no files: the name alone, said aloud.
+            logger.warning("kvstore namespace: %s; the model is identified by its name only",
+                           exc)
+            identity = ModelIdentity(mode="unresolved")
+        if identity.fields():
+            cfg["model_identity"] = identity.fields()
+        ns = cls.from_run_config(cfg, salt=salt)
+        return cls(ns.run_config, ns.name, ns.digest, ns.dtype_bytes, identity)
+
+    def describe(self) -> str:
+        """The namespace and what identifies it, for the start-up log line."""
+        cfg = self.run_config
+        parts = [f"model {cfg.get('model_name')}", f"kv dtype {cfg.get('dtype')}"]
+        if "kv_cache_layout" in cfg:
+            parts.append(f"layout {cfg['kv_cache_layout']}")
+        parts += [f"{k} {v}" for k, v in sorted(cfg.get("engine", {}).items())]
+        parts.append(f"identity {self.identity.describe() if self.identity else 'off'}")
+        return f"{self.name} ({', '.join(parts)})"
 
     def object_name(self, key: bytes) -> str:
         """Backend-neutral object name of an OffloadKey.
@@ -88,6 +164,68 @@ class Namespace:
         hash_hex = key[:-4].hex()
         group = int.from_bytes(key[-4:], "big")
         return f"{self.name}/{hash_hex[:3]}/{hash_hex}_g{group}.kvf"
+
+
+def parallel_agnostic_layout(config: Any) -> bool:
+    """Whether a chunk's bytes may be shared across parallel layouts.
+
+    vLLM calls the direct layout parallelism-agnostic when each TP rank holds
+    a distinct share of the KV heads, but the chunk the secondary tiers see is
+    the shared offload region's row, which is rank-major: ``[rank 0: every
+    layer's page][rank 1: every layer's page]``. With more than one layer
+    that is not the TP=1 row's byte order, and a TP=1 engine served a TP=2
+    engine's chunk generates other tokens (tests/e2e/test_tensor_parallel.py
+    showed it before this check). So only the layouts whose bytes are the
+    same by construction collapse the parallel fields: the canonical format
+    (topology-free pages, certified per layer by vLLM, which FileMapper
+    still gates on ``is_parallelism_agnostic``) and the replicated MLA layout
+    (one copy of identical bytes). The direct layout keeps tp/pp/pcp/dcp."""
+    return bool(getattr(config, "canonical_layout", False)
+                or getattr(config, "replicated_layout", False))
+
+
+def current_engine_config() -> Any | None:
+    """The VllmConfig of the engine that is building this tier, or None.
+
+    vLLM hands a tier only the normalised OffloadingConfig, which drops the
+    model dtype (once the KV cache dtype is set), the quantisation method,
+    the revision and the download directory. vLLM's ``get_current_vllm_config``
+    is not set while the scheduler builds its connector, but the connector's
+    constructor holds the engine's config as its ``vllm_config`` argument, a
+    few frames up: we read it from there (read only, once, at start-up)."""
+    try:
+        from vllm.config import VllmConfig, get_current_vllm_config_or_none
+    except ImportError:
+        return None
+    current = get_current_vllm_config_or_none()
+    if current is not None:
+        return current
+    frame = sys._getframe(1)
+    for _ in range(40):
+        if frame is None:
+            break
+        candidate = frame.f_locals.get("vllm_config")
+        if isinstance(candidate, VllmConfig):
+            return candidate
+        frame = frame.f_back
+    return None
+
+
+def engine_fields(vllm_config: Any | None) -> dict[str, str]:
+    """The fields of the engine's config that change KV bytes and that vLLM's
+    run config leaves out (empty without an engine config)."""
+    if vllm_config is None:
+        return {}
+    model = vllm_config.model_config
+    cache = vllm_config.cache_config
+    out = {"model_dtype": str(model.dtype).removeprefix("torch.")}
+    if model.quantization:
+        out["quantization"] = str(model.quantization)
+    for key in ("mamba_cache_dtype", "mamba_ssm_cache_dtype"):
+        value = getattr(cache, key, "auto")
+        if value and value != "auto":
+            out[key] = str(value)
+    return out
 
 
 #: Number of shard directories under a namespace (hash prefixes 000..fff).

@@ -107,7 +107,7 @@ class KVStoreTier(SecondaryTierManager):
         self.locality = Locality(config.locality or ("REMOTE" if remote else "LOCAL"))
         cipher = assembly.open_cipher(config)
         self.encrypted = cipher is not None
-        self.namespace = assembly.make_namespace(offloading_spec, config, cipher)
+        self.namespace = assembly.make_namespace(offloading_spec, config, cipher, tier_type)
         self.codec_id = resolve_compression(
             config.compression, remote=remote, dtype_bytes=self.namespace.dtype_bytes
         )
@@ -139,8 +139,9 @@ class KVStoreTier(SecondaryTierManager):
         logger.info(
             "kvstore tier '%s' ready: %s, namespace %s, codec %s, chunk %d bytes x %d rows, "
             "%d+%d I/O threads, locality %s",
-            tier_type, self.backend.describe(), self.namespace.name, self.codec_id.name.lower(),
-            self._block_size_bytes, self.rows.count, config.n_read_threads,
+            tier_type, self.backend.describe(), self.namespace.describe(),
+            self.codec_id.name.lower(), self._block_size_bytes, self.rows.count,
+            config.n_read_threads,
             config.n_write_threads, self.locality.value,
         )
 

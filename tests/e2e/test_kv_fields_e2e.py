@@ -1,0 +1,47 @@
+"""A tier written by one engine, read by an engine whose KV bytes differ: clean miss.
+
+Both tests reuse the session's warm tier (float32, 128-token chunks) and change one
+setting that shapes KV: the chunk size (blocks per chunk) and the model dtype (with
+``kv_cache_dtype`` auto, the KV cache dtype follows it; an fp8 KV cache needs
+AVX-512 or AMX on the CPU build, which this machine lacks)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2e_helpers import TINY_PLAN, WarmTier, copy_tier, outputs, run, tier_counters
+
+from kvstore_tiers.demo.runner import PhaseSpec, run_phase
+
+pytestmark = pytest.mark.engine
+
+
+def _assert_clean_miss(result: dict[str, Any], root: Path, namespaces: int) -> None:
+    assert [p["external_hit_tokens"] for p in result["prompts"]] == [0] * len(result["prompts"])
+    counters = tier_counters(result)
+    assert counters["objects_loaded"] == 0 and counters.get("corrupt_objects", 0) == 0
+    assert counters["objects_stored"] > 0  # it wrote its own namespace beside the old one
+    assert len(list(root.glob("*/config.json"))) == namespaces
+
+
+def test_chunk_size_changed_misses(warm_tier: WarmTier, tiny_baseline: dict[str, Any],
+                                   tiny_model: Path, e2e_dir: Path) -> None:
+    root = copy_tier(warm_tier.root, e2e_dir / "tier-chunk256")
+    spec = PhaseSpec(name="chunk256", model=str(tiny_model), plan=TINY_PLAN,
+                     secondary_tiers=[{"type": "fs", "root_dir": str(root)}], max_tokens=8,
+                     block_size=256, single_process=True, dtype="float32", warmup_tokens=0)
+    result = run_phase(spec, e2e_dir / "runs", timeout_s=600)
+    assert outputs(result) == outputs(tiny_baseline)
+    _assert_clean_miss(result, root, namespaces=2)
+
+
+def test_model_dtype_changed_misses(warm_tier: WarmTier, tiny_model: Path,
+                                    e2e_dir: Path) -> None:
+    root = copy_tier(warm_tier.root, e2e_dir / "tier-bf16")
+    baseline = run("bf16-baseline", tiny_model, None, e2e_dir / "runs", dtype="bfloat16")
+    result = run("bf16-on-fp32-tier", tiny_model, [{"type": "fs", "root_dir": str(root)}],
+                 e2e_dir / "runs", dtype="bfloat16")
+    assert outputs(result) == outputs(baseline)
+    _assert_clean_miss(result, root, namespaces=2)
