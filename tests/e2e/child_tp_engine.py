@@ -16,7 +16,7 @@ import time
 def main() -> None:
     from vllm import LLM, SamplingParams, TokensPrompt
 
-    from kvstore_tiers.demo.prompts import PromptPlan, build_prompts
+    from kvstore_tiers.tools.demo.prompts import PromptPlan, build_prompts
 
     with open(sys.argv[1]) as f:
         request = json.load(f)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from e2e_helpers import TINY_PLAN, WarmTier, copy_tier, outputs, run, tier_counters
 
-from kvstore_tiers.demo.runner import PhaseSpec, run_phase
+from kvstore_tiers.tools.demo.runner import PhaseSpec, run_phase
 
 pytestmark = pytest.mark.engine
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import outputs, run, tier_counters
 
-from kvstore_tiers.demo.models import tiny_llama_model_dir
+from kvstore_tiers.tools.demo.models import tiny_llama_model_dir
 
 pytestmark = pytest.mark.engine
 

