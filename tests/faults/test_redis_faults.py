@@ -1,4 +1,4 @@
-"""Fault matrix, redis backend: real redis-server (tests/redis/conftest.py) and a RESP proxy."""
+"""Fault matrix, redis backend: real redis-server (tests/servers.py) and a RESP proxy."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from kvstore_tiers.harness import make_keys
 
-from ..redis.conftest import RedisServer
+from ..servers import RedisServer
 from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix
 from .respproxy import RespProxy
 

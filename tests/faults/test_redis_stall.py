@@ -19,7 +19,7 @@ import pytest
 
 from kvstore_tiers.harness import make_keys
 
-from ..redis.conftest import RedisServer
+from ..servers import RedisServer
 from .common import HIT, MISS, Driver, rows_for
 from .respproxy import RespProxy
 

@@ -1,4 +1,4 @@
-"""Fault matrix, s3 backend: moto behind the loopback fault proxy (tests/s3/faultproxy.py)."""
+"""Fault matrix, s3 backend: moto behind the loopback fault proxy (tests/faults/faultproxy.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import pytest
 from kvstore_tiers.harness import make_keys
 from kvstore_tiers.health import BreakerState
 
-from ..s3.conftest import run_moto, s3_client, tier_config_factory
-from ..s3.faultproxy import FaultProxy
+from ..servers import run_moto, s3_client, tier_config_factory
 from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix
+from .faultproxy import FaultProxy
 
 BACKEND = "s3"
 

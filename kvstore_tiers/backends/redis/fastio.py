@@ -1,4 +1,4 @@
-"""Zero-copy batched SET/GET for the redis backend (single server, not cluster).
+"""Zero-copy batched SET/GET for the redis tier (single server, not cluster).
 
 Why: a 2 MiB block through the plain redis-py path is copied three times on
 the store side (the frame is joined into one buffer, ``hiredis.pack_command``
@@ -41,8 +41,8 @@ from typing import Any
 import redis.exceptions as rexc
 
 from kvstore_tiers.codecs import CodecId
-from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing, TransientError
-from kvstore_tiers.frame import HEADER_FIXED, FrameCodec, check_header, parse_header
+from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing, TransientError, detached
+from kvstore_tiers.frame import FrameCodec, check_header, parse_header
 
 CRLF = b"\r\n"
 #: Bytes of a value read before its header is parsed (fixed part + key + pad).
@@ -224,7 +224,7 @@ class FastIO:
                     try:
                         reply = conn.read_response(disconnect_on_error=True)
                     except rexc.ResponseError as exc:  # -OOM, -READONLY, ...: per command
-                        out.append(exc)
+                        out.append(detached(exc))
                     else:
                         out.append(reply is not None)
                     finally:
@@ -290,7 +290,10 @@ class FastIO:
             # memory for replies we are not reading yet.
             sent = min(depth, len(cmds))
             conn.send_packed_command([b"".join(cmds[:sent])], check_health=False)
-            reader = _Reader(conn._sock, self._readbuf())
+            sock = raw_socket(conn)
+            if sock is None:  # redis-py's internals changed under us: drop, retry, fail
+                raise _ProtocolError("redis-py connection exposes no socket")
+            reader = _Reader(sock, self._readbuf())
             out: list[BaseException | None] = []
             for i, (key, item) in enumerate(zip(keys, items, strict=True)):
                 if sent < len(cmds) and sent < i + depth:
@@ -333,7 +336,7 @@ class FastIO:
             except ObjectCorrupt as exc:
                 r.skip(n - consumed)
                 consumed = n
-                return exc
+                return detached(exc)
             in_head = consumed - header.header_len  # payload bytes already read
             if header.codec == CodecId.NONE:  # raw: receive straight into the row
                 dest[:in_head] = head[header.header_len :]
@@ -342,7 +345,7 @@ class FastIO:
                 try:
                     codec.verify(header, dest)
                 except ObjectCorrupt as exc:
-                    return exc
+                    return detached(exc)
                 return None
             payload = self._scratch(header.stored_len)
             payload[:in_head] = head[header.header_len :]
@@ -351,7 +354,7 @@ class FastIO:
             try:
                 codec.decode_payload_into(header, payload, dest)
             except ObjectCorrupt as exc:
-                return exc
+                return detached(exc)
             return None
         finally:
             # Consumed to the end: eat the CRLF. Otherwise an exception is on its
@@ -366,13 +369,37 @@ class FastIO:
         return memoryview(buf)[:n]
 
 
+#: redis-py releases whose connection internals :func:`raw_socket` was written for
+#: (pyproject's ``redis`` extra carries the same upper bound).
+REDIS_PY_SUPPORTED = ">=5.0,<9"
+
+
+def raw_socket(conn: Any) -> socket.socket | None:
+    """The connected socket of a redis-py ``Connection``, or None.
+
+    The one place this package reaches into redis-py's internals, written for
+    redis-py 5.x to 8.x (tested against the pinned 8.1 by
+    tests/backends/redis/test_fastio_internals.py): a connected
+    ``redis.connection.Connection`` (or ``SSLConnection``/
+    ``UnixDomainSocketConnection``) keeps its socket in the private attribute
+    ``_sock`` (None until ``connect()``), and a pipelined batch leaves nothing
+    buffered in redis-py's own parser once every reply was read by us. None
+    when the connection is not of that shape (e.g. a client-side-caching proxy
+    or a future redis-py), which makes the backend use plain pipelines.
+    """
+    sock = getattr(conn, "_sock", None)
+    if sock is None or not callable(getattr(sock, "recv_into", None)):
+        return None
+    return sock
+
+
 def fast_io_supported(client: Any) -> bool:
     """True if ``client`` is a plain (non-cluster) redis-py client we can borrow from.
 
-    Checks, on a real pooled connection, the redis-py internals the fast path
-    relies on (``send_packed_command``, ``read_response`` and the connected
-    socket ``_sock``), so a future redis-py that changes them makes the
-    backend fall back to plain pipelines instead of failing every transfer.
+    Checks, on a real pooled connection, what the fast path relies on
+    (``send_packed_command``, ``read_response`` and :func:`raw_socket`), so a
+    future redis-py that changes them makes the backend fall back to plain
+    pipelines instead of failing every transfer.
     """
     pool = getattr(client, "connection_pool", None)
     if pool is None or not hasattr(pool, "get_connection") or not hasattr(pool, "release"):
@@ -382,10 +409,9 @@ def fast_io_supported(client: Any) -> bool:
     except Exception:
         return False
     try:
-        if not getattr(conn, "_sock", None):
+        if raw_socket(conn) is None:
             conn.connect()
-        sock = getattr(conn, "_sock", None)
-        return (sock is not None and hasattr(sock, "recv_into")
+        return (raw_socket(conn) is not None
                 and callable(getattr(conn, "send_packed_command", None))
                 and callable(getattr(conn, "read_response", None)))
     except Exception:
@@ -394,4 +420,4 @@ def fast_io_supported(client: Any) -> bool:
         pool.release(conn)
 
 
-__all__ = ["HEADER_FIXED", "FastIO", "fast_io_supported"]
+__all__ = ["REDIS_PY_SUPPORTED", "FastIO", "fast_io_supported", "raw_socket"]

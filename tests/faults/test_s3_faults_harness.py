@@ -1,4 +1,4 @@
-"""Faults between the tier and S3 (through tests/s3/faultproxy.py), seen by vLLM's manager.
+"""Faults between the tier and S3 (through tests/faults/faultproxy.py), seen by vLLM's manager.
 
 What a user cares about: transient errors are retried and invisible; a broken
 endpoint costs recomputation only (failed jobs, then the circuit opens and
@@ -16,8 +16,8 @@ import pytest
 
 from kvstore_tiers.health import BreakerState
 
+from ..backends.s3.s3_helpers import HIT, MISS, fetch, harness, make_keys, random_rows
 from .faultproxy import FaultProxy
-from .s3_helpers import HIT, MISS, fetch, harness, make_keys, random_rows
 
 
 def fast_fail(tier_config: Any, proxy: FaultProxy, **kw: Any) -> dict[str, Any]:
