@@ -352,15 +352,14 @@ def plan_gc(objs: list[ObjectInfo], *, max_age_s: float | None, max_bytes: int |
 def gc_generic(backend: Backend, *, max_age_s: float | None = None,
                max_bytes: int | None = None, namespace: str | None = None,
                dry_run: bool = False, now: float | None = None) -> GcOutcome:
-    """:func:`plan_gc` over ``iter_objects`` and one ``delete`` per object (any backend)."""
+    """:func:`plan_gc` over ``iter_objects``, then ``delete_many`` (any backend)."""
     now = time.time() if now is None else now
     objs = list(backend.iter_objects(f"{namespace}/" if namespace else ""))
     doomed = plan_gc(objs, max_age_s=max_age_s, max_bytes=max_bytes, now=now)
     if not dry_run:
         # fs shard directories stay: the fs backend creates them once and
         # relies on them so that stores never mkdir.
-        for o in doomed:
-            backend.delete(o.name)
+        backend.delete_many([o.name for o in doomed])
     return GcOutcome(len(objs), sum(o.size for o in objs), len(doomed),
                      sum(o.size for o in doomed), "generic")
 

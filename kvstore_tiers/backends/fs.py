@@ -17,7 +17,7 @@ store made two directories per block), and a directory holds ~2,500 files at
 * Capacity: ``max_bytes`` and/or ``min_free_bytes``, enforced by
   :mod:`kvstore_tiers.backends.fs_capacity`.
 * Each load batch is one open-read-close call for all its files, each store
-  batch one create-write-close-rename call (up to ``max_batch`` blocks each;
+  batch one create-write-close-rename call (up to eight blocks each;
   :mod:`kvstore_tiers.backends.fs_io`), compiled where a C compiler exists.
 * Errors: a missing file is ObjectMissing; a short or malformed file is
   ObjectCorrupt; any other OSError (ENOSPC, EACCES, EIO) is TransientError.
@@ -45,16 +45,16 @@ from kvstore_tiers.backends import fs_io
 from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
+    IOTuning,
     LoadItem,
     ObjectInfo,
     StoreItem,
     classify,
     encode_batch,
 )
-from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.errors import ConfigError, ObjectCorrupt, ObjectMissing, TransientError
-from kvstore_tiers.frame import FrameCodec, check_header, parse_header
+from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.namespace import SHARDS
 
 logger = logging.getLogger(__name__)
@@ -127,20 +127,25 @@ class FileSystemBackend(Backend):
     name = "fs"
     config_model = FsConfig
     remote = False
-    header_align = PAGE
+    supports_touch = True
+    supports_read_into = True
     # Up to eight files per I/O task, one GIL-free call for the eight: per-file
     # GIL round trips and pool hand-offs were what kept 256 KiB stores from 4
     # requests at 0.67x of vLLM's tier on tmpfs (0.95x with 8, 0.85x with 4,
     # no gain at 16; docs/benchmarks.md, session 9), and loads pay the same
     # round trips behind a busy scheduler thread. A load job is still spread
     # over every read thread first (a 16-chunk job on 8 threads goes two per
-    # task), since loads sit on time-to-first-token.
-    max_batch = 8
-    spread_loads = True
-    # Eight 256 KiB loads per call gained 1.25x over one on tmpfs, 1.07x on
-    # the disk; eight 2 MiB ones lost 0.88x on tmpfs (the job waits for its
-    # last, larger task), so a load task carries at most 2 MiB of rows.
-    max_load_batch_bytes = 2 << 20
+    # task), since loads sit on time-to-first-token. Eight 256 KiB loads per
+    # call gained 1.25x over one on tmpfs, 1.07x on the disk; eight 2 MiB ones
+    # lost 0.88x on tmpfs (the job waits for its last, larger task), so a load
+    # task carries at most 2 MiB of rows. Headers are padded to a page so a
+    # raw payload is page aligned for O_DIRECT.
+    _TUNING = IOTuning(load_batch=8, store_batch=8, spread_loads=True,
+                       max_load_batch_bytes=2 << 20, header_align=PAGE)
+
+    @property
+    def tuning(self) -> IOTuning:
+        return self._TUNING
 
     def __init__(self, config: FsConfig, namespace: Any) -> None:
         super().__init__(config, namespace)
@@ -292,16 +297,10 @@ class FileSystemBackend(Backend):
                 os.utime(self.path(n))
 
     # -- frames: zero-copy paths -------------------------------------------------
-    def store_one(self, item: StoreItem, codec: FrameCodec) -> bool:
-        result = self.store_many((item,), codec)[0]
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
     def store_many(self, items: Sequence[StoreItem], codec: FrameCodec
-                   ) -> list[bool | BaseException]:
+                   ) -> list[int | BaseException]:
         """Encode every item, then publish them all with one call (the GIL is
-        given up once per batch, not once per file: ``max_store_batch``)."""
+        given up once per batch, not once per file)."""
         # No existence check before encoding: the publish makes it inside its
         # one GIL-free call (a separate stat was one more GIL wait per block);
         # the price is a wasted checksum for a block another engine stored.
@@ -326,15 +325,16 @@ class FileSystemBackend(Backend):
                 out[i] = classify(exc)
         return out
 
-    def load_one(self, item: LoadItem, codec: FrameCodec) -> None:
-        err = self.load_many((item,), codec)[0]
-        if err is not None:
-            raise err
+    def read_into(self, item: LoadItem, codec: FrameCodec) -> int:
+        result = self.load_many((item,), codec)[0]
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
     def load_many(self, items: Sequence[LoadItem], codec: FrameCodec
-                  ) -> list[BaseException | None]:
+                  ) -> list[int | BaseException]:
         """Read every item's file with one GIL-free call (:func:`fs_io.read_files`),
-        then check and place each frame; per item ``None`` or its error."""
+        then check and place each frame; per item the frame's size or its error."""
         pages = self._load_pages(len(items))
         batch: list[fs_io.ReadItem] = []
         for item, (hdr, overflow) in zip(items, pages, strict=False):
@@ -347,43 +347,34 @@ class FileSystemBackend(Backend):
             direct = self.use_o_direct and len(item.dest) % PAGE == 0
             batch.append((self.path(item.name), [hdr, item.dest, overflow],
                           O_DIRECT if direct else 0))
-        out: list[BaseException | None] = []
+        out: list[int | BaseException] = []
         for item, (path, parts, _flags), res in zip(items, batch, fs_io.read_files(batch),
                                                     strict=True):
             try:
                 if isinstance(res, OSError):
                     raise _classify_oserror(res, path) from res
-                self._place(item, codec, path, parts[0], res)
-                out.append(None)
+                out.append(self._place(item, codec, path, parts[0], res))
             except Exception as exc:
                 out.append(classify(exc))
         return out
 
     def _place(self, item: LoadItem, codec: FrameCodec, path: str, hdr: memoryview,
-               read: tuple[int, int]) -> None:
-        """Check one file's frame, read with its header into ``hdr`` and its
-        first ``len(item.dest)`` payload bytes into the row; decode it there
-        if it is compressed. Raises ObjectCorrupt for anything but our frame
-        of this key."""
+               read: tuple[int, int]) -> int:
+        """Finish one file read with its first page into ``hdr`` and the next
+        ``len(item.dest)`` bytes into the row (``read`` = bytes read, file
+        size): the frame's checks and decode are :meth:`FrameCodec.receive`'s;
+        a raw payload at a page is already in place, anything else is read
+        from where the receiver says. Returns the file's size; raises
+        ObjectCorrupt for anything but our frame of this key."""
         n, size = read
-        dest = item.dest
-        header = parse_header(hdr[: min(n, PAGE)])
-        check_header(header, key=item.key, namespace=codec.namespace, raw_len=len(dest))
-        if size != header.total_len:
-            raise ObjectCorrupt(f"object is {size} bytes, frame says {header.total_len}")
-        item.stored_len = size
-        if header.codec == CodecId.NONE and header.header_len == PAGE:
-            if n != PAGE + len(dest):
-                raise ObjectCorrupt(f"short read ({n} bytes)")
-            codec.verify(header, dest)
-            self._mark_used(path)
-            return
-        # A compressed frame: read its payload and decode it into the row.
-        payload = self._pread_buffered(path, header.stored_len, header.header_len)
-        if len(payload) != header.stored_len:
-            raise ObjectCorrupt("truncated payload")
-        codec.decode_payload_into(header, payload, dest)
+        rx = codec.receive(item.key, hdr[: min(n, PAGE)], size, item.dest)
+        if not (rx.direct and rx.header.header_len == PAGE and n == PAGE + len(item.dest)):
+            # Not a raw payload the vectored read put in place (compressed,
+            # encrypted, a foreign header length, a short read): read the rest.
+            self._pread_into(path, rx.remaining, rx.offset)
+        rx.finish()
         self._mark_used(path)
+        return size
 
     def _mark_used(self, path: str) -> None:
         # LRU for the capacity controller: mtime is "last used" (atime is
@@ -393,14 +384,19 @@ class FileSystemBackend(Backend):
                 os.utime(path)
 
     @staticmethod
-    def _pread_buffered(path: str, length: int, offset: int) -> bytes:
+    def _pread_into(path: str, buf: memoryview, offset: int) -> None:
+        """Fill ``buf`` from ``path`` at ``offset`` (buffered); a short file is ObjectCorrupt."""
+        if not len(buf):
+            return
         try:
             fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
             raise _classify_oserror(exc, path) from exc
         try:
-            return os.pread(fd, length, offset)
+            n = os.preadv(fd, [buf], offset)
         except OSError as exc:
             raise _classify_oserror(exc, path) from exc
         finally:
             os.close(fd)
+        if n != len(buf):
+            raise ObjectCorrupt(f"short read of the payload ({n} of {len(buf)} bytes)")

@@ -50,8 +50,10 @@ from typing import Any
 from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
+    IOTuning,
     LoadItem,
     ObjectInfo,
+    Result,
     StoreItem,
     encode_batch,
 )
@@ -68,14 +70,16 @@ from kvstore_tiers.backends.redis.client import (
     warn_eviction,
 )
 from kvstore_tiers.backends.redis.config import RedisConfig, redact_url
-from kvstore_tiers.backends.redis.fastio import HEAD_PEEK, FastIO, fast_io_supported
-from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing, TransientError, detached
-from kvstore_tiers.frame import FrameCodec, parse_header
+from kvstore_tiers.backends.redis.fastio import FastIO, fast_io_supported
+from kvstore_tiers.errors import ObjectMissing, TransientError, detached
+from kvstore_tiers.frame import HEADER_FIXED, FrameCodec, created_ms
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
 logger = logging.getLogger(__name__)
 
 SUFFIX = ".kvf"
+#: Keys per pipeline of ``delete_many`` and of ``iter_objects``' header reads.
+DELETE_BATCH = 256
 
 
 class RedisBackend(Backend):
@@ -84,19 +88,24 @@ class RedisBackend(Backend):
     name = "redis"
     config_model = RedisConfig
     remote = True
-    header_align = 8
-    max_batch = 8  # per instance: config.pipeline_batch
+    supports_touch = True
+    supports_delete_many = True
 
     def __init__(self, config: RedisConfig, namespace: Any) -> None:
         super().__init__(config, namespace)
         self.config: RedisConfig = config
-        self.max_batch = config.pipeline_batch  # instance attribute shadows the ClassVar
         self.prefix = config.key_prefix
         self.client: Any = None
         self.server = ServerInfo()
         self._warn = RateLimitedLogger(logger, interval_s=30.0)
         self._username, self._password = credentials(config)
         self._fast: FastIO | None = None  # single server with fast_io only
+
+    @property
+    def tuning(self) -> IOTuning:
+        """``pipeline_batch`` chunks per task, loads and stores alike (one pipeline each)."""
+        return IOTuning(load_batch=self.config.pipeline_batch,
+                        store_batch=self.config.pipeline_batch)
 
     @property
     def use_getex(self) -> bool:
@@ -191,6 +200,24 @@ class RedisBackend(Backend):
         except Exception as exc:
             raise classify_redis(exc) from exc
 
+    def delete_many(self, names: Sequence[str]) -> None:
+        """Pipelined ``UNLINK`` (freed in the background by Redis), 256 keys per pipeline.
+
+        Missing keys are not an error; a server or network failure is a
+        TransientError after the whole batch was tried (per node in a cluster).
+        """
+        keys = [self.key(n) for n in names]
+        failed: BaseException | None = None
+        for start in range(0, len(keys), DELETE_BATCH):
+            chunk = keys[start : start + DELETE_BATCH]
+            try:
+                replies = self._run(lambda p, ks: [p.unlink(k) for k in ks], chunk)
+            except Exception as exc:
+                replies = [exc]
+            failed = failed or next((r for r in replies if isinstance(r, BaseException)), None)
+        if failed is not None:
+            raise detached(classify_redis(failed))
+
     def touch_many(self, names: Sequence[str]) -> None:
         """Refresh the expiry of ``names`` (ttl_s) or their LRU clock. Best effort."""
         if not names:
@@ -224,7 +251,7 @@ class RedisBackend(Backend):
 
         def flush() -> Iterator[tuple[str, int, Any]]:
             replies = self._run(
-                lambda p, ks: [(p.strlen(k), p.getrange(k, 0, HEAD_PEEK - 1)) for k in ks],
+                lambda p, ks: [(p.strlen(k), p.getrange(k, 0, HEADER_FIXED - 1)) for k in ks],
                 batch, per=2,
             )
             for i, key in enumerate(batch):
@@ -245,37 +272,38 @@ class RedisBackend(Backend):
             yield from flush()
 
     # -- frames: pipelined batches (what the core calls) ---------------------------------
-    def store_many(
-        self, items: Sequence[StoreItem], codec: FrameCodec
-    ) -> list[bool | BaseException]:
-        """One pipeline of ``SET key frame NX [EX ttl]``: True written, False existed."""
-        if self._fast is not None:
-            return self._store_many_fast(items, codec)
+    def store_many(self, items: Sequence[StoreItem], codec: FrameCodec) -> list[Result]:
+        """One pipeline of ``SET key frame NX [EX ttl]``: frame bytes written, 0 existed."""
         out, encoded = encode_batch(items, codec, classify_redis)
-        frames = [(self.key(items[i].name), _join((h, p))) for i, h, p in encoded]
-        slots = [i for i, _h, _p in encoded]
-        if not frames:
+        if not encoded:
             return out
-        set_args = self._set_args()
         try:
-            replies = self._run(lambda p, fs: [p.set(k, v, **set_args) for k, v in fs], frames)
+            if self._fast is not None:
+                replies: list[Any] = self._fast.set_many(
+                    [(self.key(items[i].name).encode(), h, p) for i, h, p in encoded],
+                    self.config.ttl_s)
+            else:
+                set_args = self._set_args()
+                frames = [(self.key(items[i].name), _join((h, p))) for i, h, p in encoded]
+                replies = self._run(lambda pl, fs: [pl.set(k, v, **set_args) for k, v in fs],
+                                    frames)
         except Exception as exc:
-            err = classify_redis(exc)
-            for i in slots:
-                out[i] = err
-            return out
-        for i, reply in zip(slots, replies, strict=True):
-            out[i] = classify_redis(reply) if isinstance(reply, BaseException) \
-                else reply is not None
+            replies = [exc] * len(encoded)
+        for (i, h, p), reply in zip(encoded, replies, strict=True):
+            # SET NX answers OK (written) or nil (existed): True or None/False here.
+            out[i] = (detached(classify_redis(reply)) if isinstance(reply, BaseException)
+                      else len(h) + len(p) if reply else 0)
         return out
 
-    def load_many(
-        self, items: Sequence[LoadItem], codec: FrameCodec
-    ) -> list[BaseException | None]:
+    def load_many(self, items: Sequence[LoadItem], codec: FrameCodec) -> list[Result]:
         """One pipeline of GET (GETEX with ttl_s: a hit refreshes the expiry)."""
         ttl = self.config.ttl_s
         if self._fast is not None and (self.use_getex or not ttl):
-            return self._load_many_fast(items, codec)
+            try:
+                return self._fast.get_many([self.key(it.name).encode() for it in items],
+                                           items, codec, ttl)
+            except Exception as exc:
+                return [detached(classify_redis(exc))] * len(items)
         keys = [self.key(it.name) for it in items]
         if ttl and self.use_getex:
             def build(p: Any, ks: Sequence[str]) -> None:
@@ -296,54 +324,23 @@ class RedisBackend(Backend):
         try:
             replies = self._run(build, keys, per)
         except Exception as exc:
-            err = classify_redis(exc)
-            return [err] * len(items)
-        out: list[BaseException | None] = []
+            return [detached(classify_redis(exc))] * len(items)
+        # Every error kept below is detached: its traceback would hold this
+        # frame and with it ``items`` (views of vLLM's primary rows).
+        out: list[Result] = []
         for i, item in enumerate(items):
             value = replies[i * per]
             if isinstance(value, BaseException):
-                out.append(classify_redis(value))
-                continue
-            if value is None:
+                out.append(detached(classify_redis(value)))
+            elif value is None:
                 out.append(ObjectMissing(keys[i]))
-                continue
-            item.stored_len = len(value)
-            try:
-                codec.decode_into(item.key, value, item.dest)
-                out.append(None)
-            except Exception as exc:  # kept: detached (it would pin item.dest)
-                out.append(detached(classify_redis(exc)))
+            else:
+                try:
+                    codec.decode_into(item.key, value, item.dest)
+                    out.append(len(value))
+                except Exception as exc:
+                    out.append(detached(classify_redis(exc)))
         return out
-
-
-    def _store_many_fast(
-        self, items: Sequence[StoreItem], codec: FrameCodec
-    ) -> list[bool | BaseException]:
-        out, encoded = encode_batch(items, codec, classify_redis)
-        frames = [(self.key(items[i].name).encode(), h, p) for i, h, p in encoded]
-        slots = [i for i, _h, _p in encoded]
-        if not frames:
-            return out
-        try:
-            replies = self._fast.set_many(frames, self.config.ttl_s)
-        except Exception as exc:
-            err = classify_redis(exc)
-            for i in slots:
-                out[i] = err
-            return out
-        for i, reply in zip(slots, replies, strict=True):
-            out[i] = classify_redis(reply) if isinstance(reply, BaseException) else reply
-        return out
-
-    def _load_many_fast(
-        self, items: Sequence[LoadItem], codec: FrameCodec
-    ) -> list[BaseException | None]:
-        keys = [self.key(it.name).encode() for it in items]
-        try:
-            return self._fast.get_many(keys, items, codec, self.config.ttl_s)
-        except Exception as exc:
-            err = classify_redis(exc)
-            return [err] * len(items)
 
 
 def _item_key(item: Any) -> str:
@@ -370,9 +367,5 @@ def _glob_escape(text: str) -> str:
 
 def created_s(head: Any) -> float:
     """Creation time (s since the epoch) of the frame starting with ``head``; 0 if none."""
-    if not isinstance(head, (bytes, bytearray)):
-        return 0.0
-    try:
-        return parse_header(head).created_ms / 1000.0
-    except ObjectCorrupt:
-        return 0.0
+    ms = created_ms(head) if isinstance(head, (bytes, bytearray)) else None
+    return 0.0 if ms is None else ms / 1000.0

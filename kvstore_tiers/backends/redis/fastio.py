@@ -17,11 +17,11 @@ doing connect, AUTH, TLS, SELECT and pooling):
   tail (``NX``, ``EX ttl``) -- with ``sendall`` per piece: no join, no pack
   copy. Replies are read with redis-py's parser (``+OK`` / nil / errors).
 * **load**: ``GET``/``GETEX`` commands are sent in one write, and each bulk
-  reply is parsed here, off the raw socket: its frame header is read into a
-  small buffer and checked, and for ``codec=none`` the payload is received
-  with ``recv_into`` straight into the destination row (one kernel copy),
-  then verified against the frame checksum. Compressed payloads go through a
-  per-thread reusable scratch buffer and the codec.
+  reply is read here, off the raw socket: its first bytes go to
+  :meth:`FrameCodec.receive`, which checks the header and says where the rest
+  goes -- for ``codec=none`` straight into the destination row with
+  ``recv_into`` (one kernel copy), otherwise into a per-thread reusable
+  scratch buffer -- and :meth:`FrameReceiver.finish` verifies or decodes.
 
 Protocol safety: every reply is always consumed to its end (``$len`` bytes +
 CRLF), whatever the frame check says; any I/O or protocol error disconnects
@@ -40,9 +40,8 @@ from typing import Any
 
 import redis.exceptions as rexc
 
-from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing, TransientError, detached
-from kvstore_tiers.frame import FrameCodec, check_header, parse_header
+from kvstore_tiers.frame import FrameCodec
 
 CRLF = b"\r\n"
 #: Bytes of a value read before its header is parsed (fixed part + key + pad).
@@ -269,10 +268,10 @@ class FastIO:
 
     # -- load --------------------------------------------------------------------------
     def get_many(self, keys: Sequence[bytes], items: Sequence[Any], codec: FrameCodec,
-                 ttl_s: int | None) -> list[BaseException | None]:
+                 ttl_s: int | None) -> list[int | BaseException]:
         """GET (GETEX EX ttl) each key and decode it into ``items[i].dest``.
 
-        Per item: None (loaded and verified), ObjectMissing, ObjectCorrupt or
+        Per item: the frame's size (loaded and verified), ObjectMissing, ObjectCorrupt or
         TransientError (a server error reply). Connection errors raise.
         """
         if ttl_s:
@@ -283,7 +282,7 @@ class FastIO:
             cmds = [b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys]
         depth = max(1, self.get_depth)
 
-        def op(conn: Any) -> list[BaseException | None]:
+        def op(conn: Any) -> list[int | BaseException]:
             # At most ``depth`` GETs unanswered on this connection: the server
             # copies each reply into its output buffers as soon as it reads
             # the GET, so a deeper pipeline only makes it fault in fresh
@@ -294,7 +293,7 @@ class FastIO:
             if sock is None:  # redis-py's internals changed under us: drop, retry, fail
                 raise _ProtocolError("redis-py connection exposes no socket")
             reader = _Reader(sock, self._readbuf())
-            out: list[BaseException | None] = []
+            out: list[int | BaseException] = []
             for i, (key, item) in enumerate(zip(keys, items, strict=True)):
                 if sent < len(cmds) and sent < i + depth:
                     conn.send_packed_command([cmds[sent]], check_health=False)
@@ -307,7 +306,8 @@ class FastIO:
         return self._with_connection(op)
 
     def _read_value(self, r: _Reader, key: bytes, item: Any, codec: FrameCodec
-                    ) -> BaseException | None:
+                    ) -> int | BaseException:
+        """Read one GET reply into ``item.dest`` through :meth:`FrameCodec.receive`."""
         line = r.readline()
         kind, rest = line[:1], line[1:]
         if kind == b"-":
@@ -319,43 +319,26 @@ class FastIO:
         n = int(rest)
         if n < 0:  # RESP2 null bulk
             return ObjectMissing(key.decode(errors="replace"))
-        item.stored_len = n
-        dest: memoryview = item.dest
         head = self._scratch_head(min(n, HEAD_PEEK))
         r.readinto(head)
         consumed = len(head)
+        # Errors kept as results are detached: their tracebacks would hold
+        # this frame and with it the row (a view of vLLM's primary memory).
         try:
             try:
-                header = parse_header(head)
-                check_header(header, key=item.key, namespace=codec.namespace,
-                             raw_len=len(dest))
-                if header.total_len != n:
-                    raise ObjectCorrupt(f"object is {n} bytes, frame says {header.total_len}")
-                if header.header_len > consumed:
-                    raise ObjectCorrupt("frame header longer than expected")
+                frame = codec.receive(item.key, head, n, item.dest, self._scratch)
             except ObjectCorrupt as exc:
                 r.skip(n - consumed)
                 consumed = n
                 return detached(exc)
-            in_head = consumed - header.header_len  # payload bytes already read
-            if header.codec == CodecId.NONE:  # raw: receive straight into the row
-                dest[:in_head] = head[header.header_len :]
-                r.readinto(dest[in_head:])
-                consumed = n
-                try:
-                    codec.verify(header, dest)
-                except ObjectCorrupt as exc:
-                    return detached(exc)
-                return None
-            payload = self._scratch(header.stored_len)
-            payload[:in_head] = head[header.header_len :]
-            r.readinto(payload[in_head:])
+            # A raw payload lands straight in the row (one kernel copy).
+            r.readinto(frame.remaining)
             consumed = n
             try:
-                codec.decode_payload_into(header, payload, dest)
+                frame.finish()
             except ObjectCorrupt as exc:
                 return detached(exc)
-            return None
+            return n
         finally:
             # Consumed to the end: eat the CRLF. Otherwise an exception is on its
             # way out and the connection will be dropped.

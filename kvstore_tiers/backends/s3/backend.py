@@ -51,6 +51,7 @@ from typing import Any, TypeVar
 from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
+    IOTuning,
     LoadItem,
     ObjectInfo,
     StoreItem,
@@ -74,6 +75,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+#: Keys per DeleteObjects request (the S3 limit).
+DELETE_BATCH = 1000
 
 
 class NegativeCache:
@@ -116,9 +119,12 @@ class S3Backend(Backend):
     name = "s3"
     config_model = S3Config
     remote = True
-    header_align = 8
-    #: Chunks per pool task: sent as one concurrent batch on the loop.
-    max_batch = 16
+    supports_delete_many = True
+
+    @property
+    def tuning(self) -> IOTuning:
+        """16 chunks per pool task, loads and stores: sent as one concurrent batch on the loop."""
+        return IOTuning(load_batch=16, store_batch=16)
 
     def __init__(self, config: S3Config, namespace: Any) -> None:
         super().__init__(config, namespace)
@@ -262,6 +268,15 @@ class S3Backend(Backend):
         async with self._sem:
             await self._client.delete_object(Bucket=self.bucket, Key=key)
 
+    async def _delete_batch(self, keys: Sequence[str]) -> list[str]:
+        """One DeleteObjects request; returns the S3 error codes of keys it could not delete."""
+        assert self._sem is not None
+        async with self._sem:
+            resp = await self._client.delete_objects(
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True})
+        return [str(e.get("Code", "?")) for e in resp.get("Errors", ())]
+
     async def _gather(self, coros: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
         return await asyncio.gather(*coros, return_exceptions=True)
 
@@ -327,6 +342,31 @@ class S3Backend(Backend):
             if not isinstance(err, ObjectMissing):
                 raise err from exc
 
+    def delete_many(self, names: Sequence[str]) -> None:
+        """``DeleteObjects`` with up to 1,000 keys per request, the requests concurrent.
+
+        Missing objects are not an error (S3 reports them deleted); any key
+        the server could not delete makes this a TransientError naming how
+        many, after every request was tried.
+        """
+        keys = [self.prefix + n for n in names]
+        batches = [keys[i : i + DELETE_BATCH] for i in range(0, len(keys), DELETE_BATCH)]
+        if not batches:
+            return
+        try:
+            results = self._run(self._gather([self._delete_batch(b) for b in batches]))
+        except TransientError:
+            raise
+        except Exception as exc:
+            raise self._error(exc, f"DeleteObjects of {len(keys)} keys") from None
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise self._error(failed[0], f"DeleteObjects of {len(keys)} keys") from None
+        codes = [c for r in results for c in r]
+        if codes:
+            raise TransientError(f"DeleteObjects: {len(codes)} of {len(keys)} keys not "
+                                 f"deleted ({', '.join(sorted(set(codes)))})")
+
     def iter_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Objects under ``<config prefix><prefix>`` (boto3 listing; admin use)."""
         return _iter_objects(self.config, prefix)
@@ -334,31 +374,30 @@ class S3Backend(Backend):
     # -- batches (what the core calls) -------------------------------------------
     def store_many(
         self, items: Sequence[StoreItem], codec: FrameCodec
-    ) -> list[bool | BaseException]:
+    ) -> list[int | BaseException]:
         """Encode on this (pool) thread, then PUT the whole batch concurrently."""
         out, encoded = encode_batch(items, codec)
         coros: list[Coroutine[Any, Any, bool]] = [
             self._put(self.prefix + items[i].name, self._body((h, p))) for i, h, p in encoded
         ]
-        slots = [i for i, _h, _p in encoded]
         if coros:
             try:
                 results = self._run(self._gather(coros))
             except Exception as exc:
                 err = classify(exc)
                 results = [err] * len(coros)
-            for i, res in zip(slots, results, strict=True):
+            for (i, h, p), res in zip(encoded, results, strict=True):
                 out[i] = (classify(self._error(res, f"PUT {items[i].name}"))
-                          if isinstance(res, BaseException) else res)
+                          if isinstance(res, BaseException) else len(h) + len(p) if res else 0)
         return out
 
     def load_many(
         self, items: Sequence[LoadItem], codec: FrameCodec
-    ) -> list[BaseException | None]:
+    ) -> list[int | BaseException]:
         """GET the whole batch concurrently; decode each frame on this thread as it lands.
 
         Decoding overlaps the batch's remaining GETs (instead of starting once the
-        slowest one is in), so a task's decode tail is one frame, not ``max_batch``.
+        slowest one is in), so a task's decode tail is one frame, not a batch.
         """
         if not items:
             return []
@@ -382,7 +421,7 @@ class S3Backend(Backend):
         except TransientError as exc:
             return [exc] * len(items)
         deadline = time.monotonic() + deadline_s
-        out: list[BaseException | None] = [None] * len(items)
+        out: list[int | BaseException] = [0] * len(items)
         pending = set(range(len(items)))
         while pending:
             try:
@@ -401,8 +440,8 @@ class S3Backend(Backend):
                 out[i] = classify(err)
                 continue
             try:
-                item.stored_len = len(frame)
                 codec.decode_into(item.key, frame, item.dest)
+                out[i] = len(frame)
             except Exception as exc:
                 out[i] = classify(exc)
         return out
