@@ -20,8 +20,8 @@ from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.harness import make_keys
 
 from ...conftest import rows_like as random_rows
-from ...servers import REDIS_SERVER
 from ...pki import make_pki
+from ...servers import REDIS_SERVER
 
 SECRET = "s3cr3t-Pa55-7f2c"
 
