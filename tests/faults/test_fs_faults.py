@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kvstore_tiers.backends import fs_io
+from kvstore_tiers.backends.fs import fileio as fs_io
 from kvstore_tiers.harness import make_keys
 
 from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix

@@ -144,7 +144,7 @@ read_files: Callable[[Sequence[ReadItem]], list[tuple[int, int] | OSError]] = re
 exists_files: Callable[[Sequence[str]], list[bool]] = exists_files_py
 if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
     with contextlib.suppress(ImportError):  # not compiled here: the Python set
-        from kvstore_tiers.backends._fsio import (
+        from kvstore_tiers.backends.fs._fsio import (
             exists_files,
             publish_file,
             publish_files,

@@ -1,4 +1,4 @@
-"""The fs tier's per-block file calls (kvstore_tiers.backends.fs_io): the
+"""The fs tier's per-block file calls (kvstore_tiers.backends.fs.fileio): the
 compiled ``_fsio`` pair and the pure-Python pair must behave the same, byte
 for byte and error for error."""
 
@@ -17,7 +17,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvstore_tiers.backends import fs, fs_io
+from kvstore_tiers.backends import fs
+from kvstore_tiers.backends.fs import fileio
 
 PAGE = mmap.PAGESIZE
 
@@ -34,7 +35,7 @@ def _single(read_files):
 
 
 def _native() -> SimpleNamespace:
-    from kvstore_tiers.backends import _fsio
+    from kvstore_tiers.backends.fs import _fsio
 
     return SimpleNamespace(read_file=_single(_fsio.read_files), publish_file=_fsio.publish_file,
                            publish_files=_fsio.publish_files, exists_files=_fsio.exists_files,
@@ -45,10 +46,10 @@ def _native() -> SimpleNamespace:
 def io(request) -> SimpleNamespace:
     if request.param == "native":
         return _native()
-    return SimpleNamespace(read_file=_single(fs_io.read_files_py),
-                           publish_file=fs_io.publish_file_py,
-                           publish_files=fs_io.publish_files_py,
-                           exists_files=fs_io.exists_files_py, read_files=fs_io.read_files_py)
+    return SimpleNamespace(read_file=_single(fileio.read_files_py),
+                           publish_file=fileio.publish_file_py,
+                           publish_files=fileio.publish_files_py,
+                           exists_files=fileio.exists_files_py, read_files=fileio.read_files_py)
 
 
 def _open_fds() -> int:
@@ -75,11 +76,11 @@ def test_the_native_calls_are_built_and_used() -> None:
     # which is not what the benchmarks describe.
     native = _native()
     if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
-        assert fs_io.NATIVE
-        assert fs_io.publish_file is native.publish_file
-        assert fs_io.publish_files is native.publish_files
-        assert fs_io.exists_files is native.exists_files
-        assert fs_io.read_files is native.read_files
+        assert fileio.NATIVE
+        assert fileio.publish_file is native.publish_file
+        assert fileio.publish_files is native.publish_files
+        assert fileio.exists_files is native.exists_files
+        assert fileio.read_files is native.read_files
 
 
 # -- read_files --------------------------------------------------------------------

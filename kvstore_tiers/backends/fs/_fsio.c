@@ -1,4 +1,4 @@
-/* kvstore_tiers.backends._fsio: the fs tier's per-block file I/O, one
+/* kvstore_tiers.backends.fs._fsio: the fs tier's per-block file I/O, one
  * GIL-free call each.
  *
  * publish_file(tmp, path, buffers, flags) -> n
