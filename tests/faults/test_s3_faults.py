@@ -9,20 +9,31 @@ the tier recovers by itself when the endpoint heals. The tests after
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
+import logging
+import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import numpy as np
 import pytest
 
-from kvstore_tiers.harness import make_keys
+from kvstore_tiers.backends.s3 import S3Backend
+from kvstore_tiers.backends.s3.client import EventLoop
+from kvstore_tiers.backends.s3.config import as_config
+from kvstore_tiers.errors import ConfigError
+from kvstore_tiers.harness import build_harness, make_keys
 from kvstore_tiers.health import BreakerState
 
 from ..backends.s3.s3_helpers import fetch, harness, random_rows
 from ..servers import run_moto, s3_client, tier_config_factory
-from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix
+from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix, score
 from .faultproxy import FaultProxy
 
 BACKEND = "s3"
@@ -285,3 +296,133 @@ def test_endpoint_gone_at_runtime_fails_fast_and_recovers(
         h.shutdown()
         if other is not None:
             other.shutdown()
+
+
+# -- endpoints that are not (or no longer) S3 ----------------------------------------------
+class _NotS3(BaseHTTPRequestHandler):
+    """A plain web server: 200 and an empty body for every request, whatever it is."""
+
+    def _ok(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _ok
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+
+@contextlib.contextmanager
+def _not_s3_server() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotS3)
+    thread = threading.Thread(target=server.serve_forever, name="faultproxy-not-s3",
+                              daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def _black_hole() -> Iterator[str]:
+    """An endpoint that accepts connections (the kernel's backlog) and never answers."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(64)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def _startup_error(url: str) -> tuple[str, float]:
+    """Start a tier on ``url`` with the default timeouts; (its start-up error, seconds)."""
+    cfg = tier_config_factory("kvf-startup", url, "f/", connect_timeout_s=2.0)()
+    del cfg["read_timeout_s"]  # the defaults are what is tested
+    start = time.monotonic()
+    with pytest.raises(ConfigError) as err:
+        build_harness([cfg], num_chunks=4, chunk_bytes=4096).shutdown()
+    return str(err.value), time.monotonic() - start
+
+
+def test_an_endpoint_that_is_not_s3_fails_startup_naming_it() -> None:
+    """A web server answering 200 to everything must not pass for S3 (stores into nothing)."""
+    with _not_s3_server() as url:
+        message, _took = _startup_error(url)
+    score(BACKEND).fault("startup_not_s3")
+    assert url in message and "does not behave like S3" in message
+
+
+def test_a_black_hole_endpoint_fails_startup_within_seconds() -> None:
+    with _black_hole() as url:
+        message, _took = _startup_error(url)
+        cfg = tier_config_factory("kvf-startup", url, "f/", connect_timeout_s=2.0)()
+        del cfg["read_timeout_s"]
+        backend = S3Backend(as_config(cfg), None)
+        start = time.monotonic()
+        with pytest.raises(ConfigError):
+            backend.open()  # the start-up probe alone, without the engine around it
+        took = time.monotonic() - start
+    score(BACKEND).fault("startup_black_hole")
+    print(f"s3 black-hole endpoint: start-up probe failed after {took:.1f}s: {message}")
+    assert url in message and "did not answer" in message
+    assert took < 15.0  # about 7 s on a quiet machine (46 s with the old defaults)
+
+
+def test_a_black_hole_at_run_time_is_a_miss_within_the_default_deadline(
+        proxy: FaultProxy) -> None:
+    """Every request stalls (the endpoint stops answering): with the default timeouts a
+    load is a MISS well before a minute, and the failure counts for the breaker."""
+    cfg = _cfg(proxy, f"kvf-{uuid.uuid4().hex[:12]}")
+    for key in ("read_timeout_s", "max_attempts"):
+        del cfg[key]  # the defaults are what is tested
+    d = Driver(BACKEND, [cfg])
+    try:
+        keys = make_keys(4, seed=41)
+        d.store(keys, rows_for(keys, d.row_bytes))
+        d.forget_primary()
+        proxy.stall()
+        start = time.monotonic()
+        assert d.fetch(keys, max_wait_s=30.0) == [MISS] * 4
+        took = time.monotonic() - start
+        d.score.fault("black_hole_load", proxy.faults_served)
+        print(f"s3 black-hole endpoint: time to a miss {took:.1f}s")
+        assert took < 15.0
+        assert d.tier.counters.load_failures >= 1
+        proxy.heal()
+        assert d.fetch(keys) == [HIT] * 4
+    finally:
+        proxy.heal()
+        assert d.close() == 0
+
+
+def test_dropped_connections_log_one_line_not_a_traceback_each(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Tasks whose exception nobody retrieves (aiohttp's, on dropped connections) are
+    logged by the data path's loop once per interval, without a traceback."""
+    loop = EventLoop("kvstore_s3_loop_test")
+    loop.start()
+
+    async def drop_connections(n: int) -> None:
+        async def dropped() -> None:
+            raise ConnectionResetError("connection reset by peer")
+
+        tasks = [asyncio.ensure_future(dropped()) for _ in range(n)]
+        await asyncio.sleep(0.05)
+        del tasks  # never retrieved: asyncio reports each when the task is freed
+        gc.collect()
+
+    try:
+        with caplog.at_level(logging.DEBUG, logger="kvstore_tiers"):
+            caplog.clear()
+            loop.run(drop_connections(50), timeout=10.0)
+    finally:
+        loop.stop()
+    score(BACKEND).fault("loop_task_exceptions", 50)
+    lines = [r for r in caplog.records if "Task exception was never retrieved" in r.getMessage()]
+    assert len(lines) == 1, [r.getMessage() for r in lines]
+    assert lines[0].exc_info is None and "ConnectionResetError" in lines[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -46,12 +46,13 @@ def client_kwargs(config: S3Config) -> dict[str, Any]:
 
 
 def client_config(
-    config: S3Config, *, max_attempts: int | None = None, pool: int | None = None
+    config: S3Config, *, max_attempts: int | None = None, pool: int | None = None,
+    read_timeout: float | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments of botocore's ``Config``/aiobotocore's ``AioConfig``."""
     return {
         "connect_timeout": config.connect_timeout_s,
-        "read_timeout": config.read_timeout_s,
+        "read_timeout": read_timeout or config.read_timeout_s,
         "retries": {"mode": config.retry_mode,
                     "max_attempts": max_attempts or config.max_attempts},
         "max_pool_connections": pool or config.max_concurrency,
@@ -65,7 +66,8 @@ def client_config(
     }
 
 
-def make_sync_client(config: S3Config, *, max_attempts: int | None = None) -> Any:
+def make_sync_client(config: S3Config, *, max_attempts: int | None = None,
+                     read_timeout: float | None = None) -> Any:
     """A boto3 S3 client for ``config`` (admin paths). Raises ConfigError on a bad profile."""
     import boto3
     from botocore.config import Config
@@ -78,7 +80,8 @@ def make_sync_client(config: S3Config, *, max_attempts: int | None = None) -> An
             f"s3 tier: key 'profile': AWS profile {config.profile!r} not found"
         ) from None
     return session.client(
-        "s3", config=Config(**client_config(config, max_attempts=max_attempts, pool=4)),
+        "s3", config=Config(**client_config(config, max_attempts=max_attempts, pool=4,
+                                            read_timeout=read_timeout)),
         **client_kwargs(config),
     )
 

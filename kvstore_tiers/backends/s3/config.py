@@ -46,14 +46,18 @@ class S3Config(TierConfig):
     connect_timeout_s: float = Field(
         2.0, gt=0, description="TCP/TLS connect timeout; short, so a dead endpoint fails fast.",
     )
-    read_timeout_s: float = Field(15.0, gt=0, description="Socket read timeout per request.")
+    read_timeout_s: float = Field(
+        5.0, gt=0, description="Socket read timeout per request (the start-up probe uses at "
+        "most 2 s).",
+    )
     retry_mode: Literal["standard", "adaptive", "legacy"] = Field(
         "standard", description="botocore retry mode (5xx, SlowDown, timeouts are retried).",
     )
     max_attempts: int = Field(3, ge=1, le=20, description="Attempts per request, retries incl.")
     request_deadline_s: float = Field(
-        60.0, gt=0, description="Deadline of one batch of requests (retries included); past "
-        "it the batch fails with a transient error.",
+        10.0, gt=0, description="Deadline of one batch of requests (retries included); past "
+        "it the batch fails with a transient error: a load that cannot arrive by then is a "
+        "miss, and the failure counts towards the circuit breaker.",
     )
     storage_class: str | None = Field(
         None, description="StorageClass of stored objects (STANDARD, INTELLIGENT_TIERING...).",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,28 @@ _CREDENTIAL_CODES = {
 }
 
 
+#: Bytes of the probe object.
+PROBE_BYTES = 64
+#: Read timeout of the probe's requests (at most; ``read_timeout_s`` if lower) and
+#: attempts per request: an endpoint that never answers fails start-up in about
+#: 7 s (botocore sends a timed-out request once more).
+PROBE_READ_TIMEOUT_S = 2.0
+PROBE_ATTEMPTS = 2
+
+
+def _exists(client: Any, bucket: str, key: str) -> bool:
+    from botocore.exceptions import ClientError
+
+    try:
+        client.head_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        code, status = error_code(exc)
+        if status == 404 or code in ("NoSuchKey", "404", "NotFound"):
+            return False
+        raise
+    return True
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     """What the startup probe learned about the server."""
@@ -32,9 +55,16 @@ def probe(config: S3Config, namespace_name: str | None = None,
     """Check endpoint, credentials, bucket and write access; learn If-None-Match support.
 
     Requests: HeadBucket (+ ListObjectsV2 to name a 403, + CreateBucket if
-    allowed), two conditional PUTs and a DELETE of a probe object under the
-    prefix, and (with ``namespace_name``) one PUT of the namespace's
-    ``config.json`` so an administrator can tell what each namespace holds.
+    allowed); a probe object of random bytes under the prefix is PUT, read
+    back byte-exact, PUT again with If-None-Match, DELETEd and HEADed gone --
+    so an endpoint that is not S3 (a web server answering 200 to anything)
+    fails here rather than "storing" into nothing -- and (with
+    ``namespace_name``) one PUT of the namespace's ``config.json`` so an
+    administrator can tell what each namespace holds.
+
+    The probe's client makes :data:`PROBE_ATTEMPTS` attempts per request with
+    a read timeout of at most :data:`PROBE_READ_TIMEOUT_S`, so an endpoint that accepts
+    connections and never answers fails start-up within seconds.
 
     Raises ConfigError whose message says which of endpoint, credentials,
     bucket or permission is wrong, without any secret in it.
@@ -44,11 +74,13 @@ def probe(config: S3Config, namespace_name: str | None = None,
         ClientError,
         EndpointConnectionError,
         NoCredentialsError,
+        ReadTimeoutError,
         SSLError,
     )
 
     where = config.where
-    client = make_sync_client(config, max_attempts=2)
+    read_timeout = min(config.read_timeout_s, PROBE_READ_TIMEOUT_S)
+    client = make_sync_client(config, max_attempts=PROBE_ATTEMPTS, read_timeout=read_timeout)
     bucket = config.bucket
 
     def fail(msg: str) -> ConfigError:
@@ -85,13 +117,20 @@ def probe(config: S3Config, namespace_name: str | None = None,
                 raise fail(f"cannot use bucket {bucket!r} at {where}: {code or status}") from None
 
         probe_key = f"{config.key_prefix}.kvstore-probe/{uuid.uuid4().hex}"
+        # Random bytes: a server that answers every request with the same
+        # canned reply (a plain web server, a captive portal) cannot echo them.
+        body = os.urandom(PROBE_BYTES)
         extra = put_extra_args(config)
         conditional = config.conditional_put
         try:
-            client.put_object(Bucket=bucket, Key=probe_key, Body=b"probe", **extra)
+            client.put_object(Bucket=bucket, Key=probe_key, Body=body, **extra)
+            if client.get_object(Bucket=bucket, Key=probe_key)["Body"].read() != body:
+                raise fail(f"{where} does not behave like S3: an object written under "
+                           f"s3://{bucket}/{config.key_prefix} did not read back "
+                           "byte-exact (is endpoint_url an S3 API endpoint?)")
             if conditional:
                 try:
-                    client.put_object(Bucket=bucket, Key=probe_key, Body=b"probe",
+                    client.put_object(Bucket=bucket, Key=probe_key, Body=body,
                                       IfNoneMatch="*", **extra)
                     # Accepted although the object exists: the header is ignored.
                     conditional = False
@@ -100,6 +139,10 @@ def probe(config: S3Config, namespace_name: str | None = None,
                     if status not in (412, 409):
                         conditional = False
             client.delete_object(Bucket=bucket, Key=probe_key)
+            if _exists(client, bucket, probe_key):
+                raise fail(f"{where} does not behave like S3: an object deleted under "
+                           f"s3://{bucket}/{config.key_prefix} is still there "
+                           "(is endpoint_url an S3 API endpoint?)")
         except ClientError as exc:
             code, status = error_code(exc)
             if code in _CREDENTIAL_CODES:
@@ -125,6 +168,9 @@ def probe(config: S3Config, namespace_name: str | None = None,
     except SSLError as exc:
         raise fail(f"TLS verification failed for {where} ({exc}); set ca_bundle, or "
                    "verify_tls: false for a test server") from None
+    except ReadTimeoutError:
+        raise fail(f"endpoint {where} accepted the connection but did not answer within "
+                   f"{read_timeout:g}s ({PROBE_ATTEMPTS} attempts)") from None
     except EndpointConnectionError:
         raise fail(f"cannot reach endpoint {where} (connection refused or unresolvable)") \
             from None
