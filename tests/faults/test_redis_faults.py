@@ -17,10 +17,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
+import redis.cluster
 
 from kvstore_tiers.harness import make_keys
+from kvstore_tiers.health import CircuitBreaker
 
-from ..servers import RedisServer
+from ..servers import RedisCluster, RedisServer
 from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix
 from .respproxy import RespProxy
 
@@ -168,4 +171,93 @@ def test_stalled_replies_fail_loads_at_deadline_and_stores_then_recover(
         assert d.tier.counters.corrupt_objects == 0
     finally:
         proxy.heal()
+        assert d.close() == 0
+
+
+# -- Redis Cluster: one master killed ----------------------------------------------------------
+def _owners(cluster: RedisCluster, tier: Any, keys: list[bytes]) -> list[int]:
+    """The port of the master that holds each block's slot (asked before any kill)."""
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[1].port)
+    try:
+        return [client.get_node_from_key(f"kvstore:{tier.namespace.object_name(k)}").port
+                for k in keys]
+    finally:
+        client.close()
+
+
+def _cluster_cfg(cluster: RedisCluster, **kw: Any) -> dict[str, Any]:
+    return {"type": "redis", "nodes": cluster.addresses, "pipeline_batch": 16,
+            "socket_timeout_s": 1.0, "connect_timeout_s": 0.5, "retries": 0, **kw}
+
+
+def test_shutdown_after_a_cluster_node_failure_unmaps_the_primary(
+        redis_cluster: RedisCluster) -> None:
+    """Errors of the dead node's keys must not keep views of vLLM's primary alive."""
+    d = Driver(BACKEND, [_cluster_cfg(redis_cluster, failure_threshold=1000)],
+               num_chunks=48, chunk_bytes=8192)
+    closed = False
+    try:
+        keys = make_keys(32, seed=51)
+        d.store(keys, rows_for(keys, d.row_bytes))
+        down = redis_cluster.nodes[0]
+        owners = _owners(redis_cluster, d.tier, keys)
+        assert 0 < owners.count(down.port) < len(keys)
+        d.forget_primary()
+        down.kill()
+        d.score.fault("cluster_master_killed_then_shutdown")
+        res = d.fetch(keys)
+        assert [r == HIT for r in res] == [p != down.port for p in owners]
+        mm = d.h.spec._scheduler_mmap.mmap_obj
+        assert d.close() == 0
+        closed = True
+        with pytest.raises(ValueError):  # closed: no kept error held a view of it
+            len(mm)
+    finally:
+        if not closed:
+            d.close()
+
+
+@pytest.mark.parametrize("breaker", [
+    pytest.param({"failure_threshold": 1000}, id="backend"),
+    pytest.param({}, id="default-breaker", marks=pytest.mark.skipif(
+        not hasattr(CircuitBreaker, "record_keys"),
+        reason="needs the circuit breaker that counts a job by its keys")),
+])
+def test_a_dead_cluster_master_costs_only_its_own_keys(redis_cluster: RedisCluster,
+                                                       breaker: dict[str, Any]) -> None:
+    """Three masters, ``cluster-require-full-coverage no``, one killed: lookups, loads and
+    stores of keys on the live masters keep working, per node, not per batch -- with the
+    breaker out of the way (what the backend does) and at its defaults (the whole tier)."""
+    d = Driver(BACKEND, [_cluster_cfg(redis_cluster, **breaker)], num_chunks=96,
+               chunk_bytes=8192)
+    try:
+        keys = make_keys(32, seed=52)
+        d.store(keys, rows_for(keys, d.row_bytes))
+        down = redis_cluster.nodes[0]
+        owners = _owners(redis_cluster, d.tier, keys)
+        live = [p != down.port for p in owners]
+        down.kill()
+        d.score.fault(f"cluster_master_killed_{'breaker_off' if breaker else 'defaults'}")
+        # Each round six requests store new blocks (spread over every master, so nearly
+        # every store job has keys on the dead one), then a request reads the old ones.
+        rounds, live_hits, dead_hits, stored, stored_live = 6, 0, 0, 0, 0
+        for r in range(rounds):
+            for j in range(6):
+                more = make_keys(8, seed=1000 + 10 * r + j)
+                more_owners = _owners(redis_cluster, d.tier, more)
+                before = d.tier.counters.objects_stored
+                d.store(more, rows_for(more, d.row_bytes), expect=False)
+                stored += d.tier.counters.objects_stored - before
+                stored_live += sum(p != down.port for p in more_owners)
+            d.forget_primary()
+            res = d.fetch(keys)
+            live_hits += sum(h == HIT for h, ok in zip(res, live, strict=True) if ok)
+            dead_hits += sum(h == HIT for h, ok in zip(res, live, strict=True) if not ok)
+        rate = live_hits / (rounds * sum(live))
+        print(f"redis cluster, one master of three killed ({breaker or 'default breaker'}): "
+              f"hit rate of keys on the live masters {rate:.1%} over {rounds} rounds of "
+              f"{len(keys)} keys; {stored} of {stored_live} new blocks for live masters stored")
+        assert dead_hits == 0 and rate >= 0.99
+        assert stored == stored_live
+    finally:
         assert d.close() == 0
