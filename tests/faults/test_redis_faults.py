@@ -192,7 +192,9 @@ def _cluster_cfg(cluster: RedisCluster, **kw: Any) -> dict[str, Any]:
 
 def test_shutdown_after_a_cluster_node_failure_unmaps_the_primary(
         redis_cluster: RedisCluster) -> None:
-    """Errors of the dead node's keys must not keep views of vLLM's primary alive."""
+    """Errors of the dead node's keys must not keep views of vLLM's primary alive
+    (neither through a kept traceback nor through frames redis-py's cluster client
+    leaves in reference cycles, whose ``f_back`` would reach the load path)."""
     d = Driver(BACKEND, [_cluster_cfg(redis_cluster, failure_threshold=1000)],
                num_chunks=48, chunk_bytes=8192)
     closed = False

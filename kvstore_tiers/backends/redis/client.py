@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
@@ -23,6 +23,8 @@ from kvstore_tiers.backends.redis.config import RedisConfig
 from kvstore_tiers.errors import BackendError, ConfigError, TransientError, detached
 
 logger = logging.getLogger(__name__)
+A = TypeVar("A")
+R = TypeVar("R")
 
 #: Backoff between retries of a command: 50 ms doubling, capped at 1 s.
 BACKOFF_BASE_S = 0.05
@@ -41,6 +43,11 @@ def classify_redis(exc: BaseException) -> BackendError:
     ``CLUSTERDOWN``, MOVED storms. The message carries the server's text
     (which never contains credentials).
     """
+    # The original is dropped or kept only as a cause: cut its traceback first. It
+    # would hold the frames of the load path (and with them views of vLLM's
+    # primary memory), often in a cycle with redis-py's own frames that only
+    # the cyclic GC frees, and vLLM could then not unmap the primary at shutdown.
+    detached(exc)
     if isinstance(exc, BackendError):
         return exc
     if isinstance(exc, rexc.OutOfMemoryError):
@@ -51,10 +58,7 @@ def classify_redis(exc: BaseException) -> BackendError:
         err = TransientError(f"redis connection problem ({type(exc).__name__}): {exc}")
     else:
         err = TransientError(f"redis error ({type(exc).__name__}): {exc}")
-    # No __cause__: its traceback would pin the frames of the load path (and
-    # with them views of vLLM's primary memory) in a reference cycle, and vLLM
-    # could then not unmap the primary at shutdown. The message says it all.
-    return err
+    return err  # no __cause__: the message says it all
 
 
 # -- credentials -------------------------------------------------------------------
@@ -251,6 +255,24 @@ def warn_eviction(info: ServerInfo, where: str) -> None:
 Build = Callable[[Any, Sequence[Any]], None]
 
 
+def call_apart(fn: Callable[[A], R], arg: A) -> R:
+    """``fn(arg)``, called from a frame that links back to none of the caller's frames.
+
+    redis-py's cluster client keeps exceptions in reference cycles with its own
+    frames (``NodesManager.initialize`` saves ``exception = e`` while it tries
+    the nodes of a changed topology). A frame kept alive that way keeps its
+    callers' frames alive too, through ``f_back`` once they return -- here the
+    load path's, whose locals are views of vLLM's primary rows -- until the
+    cyclic GC happens to run, and vLLM cannot unmap the primary at shutdown
+    meanwhile. A suspended generator's frame has no ``f_back``, so such a chain
+    ends at the generator below.
+    """
+    def apart() -> Iterator[R]:
+        yield fn(arg)
+
+    return next(apart())
+
+
 def run_pipeline(client: Any, cluster: bool, build: Build, items: Sequence[Any],
                  key_of: Callable[[Any], str], per: int = 1) -> list[Any]:
     """Run ``build(pipe, items)`` (``per`` commands per item) as one pipeline.
@@ -264,11 +286,16 @@ def run_pipeline(client: Any, cluster: bool, build: Build, items: Sequence[Any],
     """
     if client is None:
         raise TransientError("redis tier is closed")
-    try:
+
+    def execute(batch: Sequence[Any]) -> list[Any]:
         pipe = client.pipeline(transaction=False)
-        build(pipe, items)
+        build(pipe, batch)
         return [detached(r) for r in pipe.execute(raise_on_error=False)]
-    except Exception:
+
+    try:
+        return call_apart(execute, items)
+    except Exception as exc:
+        detached(exc)  # dropped (cluster) or re-raised: never with this frame
         if not cluster or len(items) <= 1:
             raise
     by_node: dict[str, list[int]] = {}
@@ -282,9 +309,7 @@ def run_pipeline(client: Any, cluster: bool, build: Build, items: Sequence[Any],
     for idxs in by_node.values():
         sub = [items[i] for i in idxs]
         try:
-            pipe = client.pipeline(transaction=False)
-            build(pipe, sub)
-            replies: list[Any] = [detached(r) for r in pipe.execute(raise_on_error=False)]
+            replies: list[Any] = call_apart(execute, sub)
         except Exception as exc:
             replies = [detached(exc)] * (len(sub) * per)
         for j, i in enumerate(idxs):

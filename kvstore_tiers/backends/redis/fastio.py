@@ -155,6 +155,7 @@ class FastIO:
             try:
                 result = op(conn)
             except (rexc.ConnectionError, rexc.TimeoutError, OSError, _ProtocolError) as exc:
+                detached(exc)  # its traceback holds the batch's rows: retried or re-raised
                 conn.disconnect()  # never reuse a connection in an unknown state
                 self.pool.release(conn)
                 if attempt >= self.retries or isinstance(exc, _ProtocolError):
