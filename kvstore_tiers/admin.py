@@ -3,9 +3,7 @@
 What the ``kvstore-tiers`` commands ``stats``, ``verify`` and ``gc`` do, on
 any :class:`~kvstore_tiers.backends.base.Backend` through its administrative
 methods only (``iter_objects``, ``get``, ``delete``): so a backend added as a
-plugin gets them for free. Backend-specific fast paths are used where they
-exist (S3 ``DeleteObjects`` batches in :func:`s3_admin.gc`, Redis pipelined
-``UNLINK`` in :func:`redis.gc`).
+plugin gets them for free.
 
 An admin store is opened *without* a namespace: it sees every namespace under
 the tier's root (fs ``root_dir``, s3 ``prefix``, redis ``key_prefix``), and
@@ -354,15 +352,14 @@ def plan_gc(objs: list[ObjectInfo], *, max_age_s: float | None, max_bytes: int |
 def gc_generic(backend: Backend, *, max_age_s: float | None = None,
                max_bytes: int | None = None, namespace: str | None = None,
                dry_run: bool = False, now: float | None = None) -> GcOutcome:
-    """:func:`plan_gc` over ``iter_objects`` and one ``delete`` per object (any backend)."""
+    """:func:`plan_gc` over ``iter_objects``, then ``delete_many`` (any backend)."""
     now = time.time() if now is None else now
     objs = list(backend.iter_objects(f"{namespace}/" if namespace else ""))
     doomed = plan_gc(objs, max_age_s=max_age_s, max_bytes=max_bytes, now=now)
     if not dry_run:
         # fs shard directories stay: the fs backend creates them once and
         # relies on them so that stores never mkdir.
-        for o in doomed:
-            backend.delete(o.name)
+        backend.delete_many([o.name for o in doomed])
     return GcOutcome(len(objs), sum(o.size for o in objs), len(doomed),
                      sum(o.size for o in doomed), "generic")
 
@@ -372,27 +369,11 @@ def gc(tier: Mapping[str, Any], *, max_age_s: float | None = None,
        dry_run: bool = False) -> GcOutcome:
     """Garbage-collect the store a tier dict describes, by age and/or down to a size.
 
-    s3 and redis use their batched fast paths; every other backend (fs,
-    plugins) the generic one. Sizes are as each backend lists them (fs: file
+    Sizes are as each backend lists them (fs: file
     length; the capacity controller of a running engine re-counts from disk).
     """
     if max_age_s is None and max_bytes is None:
         raise ConfigError("gc needs --max-age and/or --max-bytes")
-    kind = backend_type(tier)
-    if kind == "s3":
-        from kvstore_tiers.backends import s3_admin
-
-        r = s3_admin.gc(dict(tier), max_age_s=max_age_s, max_bytes=max_bytes,
-                        namespace=namespace, dry_run=dry_run)
-        return GcOutcome(r.scanned_objects, r.scanned_bytes, r.deleted_objects,
-                         r.deleted_bytes, "s3 DeleteObjects")
-    if kind == "redis":
-        from kvstore_tiers.backends import redis as redis_backend
-
-        rr = redis_backend.gc(dict(tier), max_age_s=max_age_s, max_bytes=max_bytes,
-                              prefix=f"{namespace}/" if namespace else "", dry_run=dry_run)
-        return GcOutcome(rr.scanned, rr.freed_bytes + rr.remaining_bytes, rr.deleted,
-                         rr.freed_bytes, "redis UNLINK pipeline")
     with open_store(tier) as backend:
         return gc_generic(backend, max_age_s=max_age_s, max_bytes=max_bytes,
                           namespace=namespace, dry_run=dry_run)

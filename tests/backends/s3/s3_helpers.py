@@ -11,6 +11,8 @@ from kvstore_tiers.tools import samples
 from kvstore_tiers.tools.harness import Harness, build_harness, make_keys
 from tests.conftest import KV_SAMPLES_DIR
 
+from ...conftest import rows_like as random_rows
+
 SAMPLES = KV_SAMPLES_DIR
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 
@@ -20,8 +22,6 @@ def harness(cfg: dict[str, Any], *, num_chunks: int = 32, chunk_bytes: int = 163
     return build_harness([cfg], num_chunks=num_chunks, chunk_bytes=chunk_bytes, **kw)
 
 
-def random_rows(n: int, row_bytes: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (n, row_bytes), dtype=np.uint8)
 
 
 
