@@ -101,6 +101,8 @@ class Backend(ABC):
     #: At most this many bytes of rows per load task (at least one row; None:
     #: no bound), so a task's latency stays about one large read.
     max_load_batch_bytes: ClassVar[int | None] = None
+    #: ``delete_many`` is one native batch (not the default loop over ``delete``).
+    supports_delete_many: ClassVar[bool] = False
 
     def __init__(self, config: Any, namespace: Namespace) -> None:
         self.config = config
@@ -134,6 +136,15 @@ class Backend(ABC):
 
     @abstractmethod
     def iter_objects(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
+
+    def delete_many(self, names: Sequence[str]) -> None:
+        """Remove every object of ``names``; missing ones are not an error.
+
+        The default loops over :meth:`delete`; a backend with a batch delete
+        overrides it and sets ``supports_delete_many``.
+        """
+        for name in names:
+            self.delete(name)
 
     def touch_many(self, names: Sequence[str]) -> None:  # noqa: B027 - optional hook
         """Refresh recency/expiry of objects (LRU, TTL). Best effort."""
