@@ -83,11 +83,11 @@ from kvstore_tiers.config import TierConfig, validate_config
 from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing, TransientError, detached
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.health import BreakerState, CircuitBreaker
+from kvstore_tiers.metrics import TierMetrics, metric_definitions
 from kvstore_tiers.namespace import Namespace
 from kvstore_tiers.pool import IOPool, PoolJob
 from kvstore_tiers.presence import PresenceIndex
 from kvstore_tiers.ratelimit import RateLimitedLogger
-from kvstore_tiers.stats import TierMetrics, metric_definitions
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
