@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from kvstore_tiers.cli._common import require_extra
+
 
 @click.command()
 @click.option("--tier", "tiers", type=click.Choice(["fs", "redis", "s3"]), multiple=True,
@@ -25,7 +27,7 @@ import click
               "ratios are balanced over the pairs (default 2).")
 @click.option("--reload-rounds", type=click.IntRange(0), default=0, show_default=True,
               help="fs: after each chunk size's throughput rounds, this many load-only "
-              "rounds per request count rereading one stored window (ratio with a 95 %% "
+              "rounds per request count rereading one stored window (ratio with a 95 % "
               "interval; the disk-bound cells need 40 or so).")
 @click.option("--dir", "directory", type=click.Path(file_okay=False, path_type=Path),
               default=Path(".bench-kvstore"), show_default=True,
@@ -56,6 +58,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
       kvstore-tiers bench --tier fs --tier redis --out docs/bench
       kvstore-tiers bench --chunk-kib 2048 --reload-rounds 40
     """
+    require_extra("vllm", "torch")
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
