@@ -45,11 +45,21 @@ def open_store(tier: Mapping[str, Any]) -> Iterator[Backend]:
     else:
         root = getattr(backend, "root", None)
         if isinstance(root, Path) and not root.is_dir():
-            raise ConfigError(f"{cls.name} tier: {str(root)!r} is not a directory")
+            raise ConfigError(f"{cls.name} tier: key {_key_holding(config, root)!r}: "
+                              f"{str(root)!r} is not a directory")
     try:
         yield backend
     finally:
         backend.close()
+
+
+def _key_holding(config: Any, path: Path) -> str:
+    """The config key whose value is ``path`` (to name it in a message), else 'root'."""
+    for key in type(config).model_fields:
+        value = getattr(config, key, None)
+        if isinstance(value, str) and value and Path(value).expanduser().resolve() == path:
+            return key
+    return "root"
 
 
 def namespace_of(name: str) -> str:
