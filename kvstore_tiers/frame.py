@@ -38,12 +38,28 @@ A reader checks every field against what it expects (magic, version, codec,
 lengths, key, namespace) and the checksum of the decoded bytes; any mismatch
 is :class:`~kvstore_tiers.errors.ObjectCorrupt`, so wrong bytes are never
 declared loaded.
+
+This module is the only one that reads or writes a frame. What the others call:
+
+* :meth:`FrameCodec.encode` -- a row into ``(header, payload)`` (stores);
+* :meth:`FrameCodec.decode_into` -- a whole frame into a row (backends that
+  get an object in one piece: s3, redis pipelines, the memory plugin);
+* :meth:`FrameCodec.receive` -- a frame read header first (fs, the redis fast
+  path): it checks the header and says where the rest of the payload goes
+  (straight into the row when it is raw); :meth:`FrameReceiver.finish` then
+  verifies or decodes. ``decode_into`` is ``receive`` + ``finish``, so every
+  load runs the same checks;
+* :func:`verify_frame` -- the load's checks and decode for an operator's
+  ``verify``, which knows a name rather than a tier's namespace;
+* :func:`created_ms` -- the writer's clock from the fixed header alone
+  (listings that read only the first :data:`HEADER_FIXED` bytes).
 """
 
 from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import crc32c
@@ -158,6 +174,21 @@ def parse_header(buf: bytes | memoryview) -> FrameHeader:
     return FrameHeader(codec, hlen, raw_len, stored_len, csum, ns, created, key, flags)
 
 
+def created_ms(head: bytes | bytearray | memoryview) -> int | None:
+    """The writer's ``created_ms`` from a frame's first :data:`HEADER_FIXED` bytes.
+
+    ``None`` when ``head`` is not the start of a frame of this format (too
+    short, bad magic or version): a listing reads only the fixed part, so the
+    key and payload are not checked here.
+    """
+    if len(head) < HEADER_FIXED:
+        return None
+    fields = _FIXED.unpack_from(head, 0)
+    if fields[0] != MAGIC or fields[1] != VERSION:
+        return None
+    return int(fields[11])
+
+
 def check_header(header: FrameHeader, *, key: bytes, namespace: bytes, raw_len: int) -> None:
     """Raise ObjectCorrupt unless ``header`` is the frame of ``key`` in ``namespace``."""
     if header.namespace != namespace:
@@ -210,14 +241,48 @@ class FrameCodec:
         On success ``dest`` holds the verified raw bytes. On
         :class:`ObjectCorrupt` ``dest`` may hold garbage and must not be used.
         """
-        header = parse_header(frame)
+        receiver = self.receive(key, frame, len(frame), dest)
+        receiver.finish()
+        return receiver.header
+
+    def receive(self, key: bytes, head: bytes | bytearray | memoryview, size: int,
+                dest: memoryview, scratch: Callable[[int], memoryview] | None = None,
+                ) -> FrameReceiver:
+        """Start receiving the frame of ``key``, of ``size`` bytes, into ``dest``.
+
+        ``head`` is the object's first bytes (at least its whole header; any
+        payload bytes after it are used too). The header is parsed and checked
+        here (magic, version, key, namespace, lengths, encryption); a mismatch
+        raises :class:`ObjectCorrupt` before any byte lands in ``dest``. The
+        returned receiver says where the rest goes: ``remaining`` (exactly the
+        bytes at object offset ``offset`` to the end) is a view of ``dest``
+        itself for a raw payload (``direct``), else of ``scratch(stored_len)``
+        (a fresh bytearray without ``scratch``). Fill it, then call
+        :meth:`FrameReceiver.finish`.
+        """
+        header = parse_header(head)
         check_header(header, key=key, namespace=self.namespace, raw_len=len(dest))
-        if len(frame) != header.total_len:
-            raise ObjectCorrupt(
-                f"object is {len(frame)} bytes, frame says {header.total_len} (truncated?)"
-            )
-        self.decode_payload_into(header, memoryview(frame)[header.header_len :], dest)
-        return header
+        if size != header.total_len or len(head) > size:
+            raise ObjectCorrupt(f"object is {size} bytes, frame says {header.total_len}")
+        hlen = header.header_len
+        if hlen > len(head):
+            raise ObjectCorrupt("frame header is longer than the bytes read before the payload")
+        if header.encrypted != (self.cipher is not None):
+            raise ObjectCorrupt("encrypted frame but no key configured" if header.encrypted
+                                else "unencrypted frame in an encrypted tier")
+        in_head = len(head) - hlen  # payload bytes already read with the header
+        view = memoryview(head)
+        direct = header.codec == CodecId.NONE  # raw and unencrypted: the payload is the row
+        if direct:
+            payload = dest
+            payload[:in_head] = view[hlen:]
+        elif in_head == header.stored_len:  # all here already: decode from ``head``, no copy
+            payload = view[hlen:]
+        else:
+            payload = (scratch(header.stored_len)[: header.stored_len] if scratch is not None
+                       else memoryview(bytearray(header.stored_len)))
+            payload[:in_head] = view[hlen:]
+        return FrameReceiver(self, header, dest, payload, len(head), payload[in_head:], direct)
 
     def decode_payload_into(
         self, header: FrameHeader, payload: bytes | memoryview, dest: memoryview
@@ -246,3 +311,72 @@ class FrameCodec:
             raise ObjectCorrupt("encrypted frame on a raw read path")
         if checksum(dest) != header.checksum:
             raise ObjectCorrupt("checksum mismatch")
+
+
+class FrameReceiver:
+    """A frame whose checked header has arrived and whose payload is on its way.
+
+    Made by :meth:`FrameCodec.receive`. The backend reads the object's bytes
+    from ``offset`` to its end into ``remaining`` (exactly that many bytes),
+    then calls :meth:`finish`. ``direct`` says ``remaining`` is a view of the
+    row itself (a raw payload: no copy, no decode).
+    """
+
+    __slots__ = ("_codec", "dest", "direct", "header", "offset", "payload", "remaining")
+
+    def __init__(self, codec: FrameCodec, header: FrameHeader, dest: memoryview,
+                 payload: memoryview, offset: int, remaining: memoryview, direct: bool) -> None:
+        self._codec = codec
+        #: The parsed, checked header.
+        self.header = header
+        #: The row the frame decodes into.
+        self.dest = dest
+        #: The whole payload's buffer (``dest`` when ``direct``).
+        self.payload = payload
+        #: Object offset of the first byte ``remaining`` takes.
+        self.offset = offset
+        #: Where the rest of the object goes: its length is what is left to read.
+        self.remaining = remaining
+        #: True when the payload lands in ``dest`` as is (raw, unencrypted).
+        self.direct = direct
+
+    def finish(self) -> None:
+        """Verify (raw) or decode (compressed, encrypted) the received payload into the row.
+
+        Raises :class:`ObjectCorrupt` on any mismatch; ``dest`` must then not be used.
+        """
+        if self.direct:
+            self._codec.verify(self.header, self.dest)
+        else:
+            self._codec.decode_payload_into(self.header, self.payload, self.dest)
+
+
+def verify_frame(frame: bytes | bytearray | memoryview, key: bytes,
+                 namespace_prefix: bytes = b"") -> FrameHeader:
+    """Check one whole stored frame of ``key`` as a load does; returns its header.
+
+    For an operator's ``verify``, which knows an object's name (hence its key
+    and the first bytes of its namespace digest, ``namespace_prefix``) but not
+    the tier's namespace or encryption key. The payload goes through the same
+    :meth:`FrameCodec.decode_into` as a load into a scratch row; an encrypted
+    frame, which cannot be opened without its key, is checked up to the
+    payload (header, key, namespace, length). Any failure, a codec library's
+    error on garbage included, is :class:`ObjectCorrupt`.
+    """
+    header = parse_header(frame)
+    if header.key != key:
+        raise ObjectCorrupt("frame belongs to another key")
+    if not header.namespace.startswith(namespace_prefix):
+        raise ObjectCorrupt("frame belongs to another namespace")
+    if len(frame) != header.total_len:
+        raise ObjectCorrupt(f"object is {len(frame)} bytes, frame says {header.total_len}")
+    if header.encrypted:
+        return header
+    dest = memoryview(bytearray(header.raw_len))
+    try:
+        FrameCodec(header.namespace, CodecId.NONE).decode_into(key, frame, dest)
+    except ObjectCorrupt:
+        raise
+    except Exception as exc:
+        raise ObjectCorrupt(f"payload does not decode: {exc}") from None
+    return header

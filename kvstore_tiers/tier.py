@@ -312,12 +312,13 @@ class KVStoreTier(SecondaryTierManager):
         self._num_chunks = int(primary_kv_view.shape[0]) if primary_kv_view.shape else 0
         self.backend: Backend = backend_cls(config, self.namespace)
         self.backend.open()
-        self._store_batch = self.backend.max_store_batch or self.backend.max_batch
-        self._load_batch = self.backend.max_batch
-        if self.backend.max_load_batch_bytes:
-            self._load_batch = max(1, min(self._load_batch, self.backend.max_load_batch_bytes
+        tuning = self.backend.tuning
+        self._store_batch = tuning.store_batch
+        self._load_batch = tuning.load_batch
+        if tuning.max_load_batch_bytes:
+            self._load_batch = max(1, min(self._load_batch, tuning.max_load_batch_bytes
                                           // max(1, self._block_size_bytes)))
-        self._spread_loads = self.backend.spread_loads
+        self._spread_loads = tuning.spread_loads
         self._read_threads = max(1, config.n_read_threads)
         self._closed = False
         self._flat: memoryview | None = primary_kv_view.cast("B")
@@ -346,7 +347,7 @@ class KVStoreTier(SecondaryTierManager):
                     "globally; the tier will not emit events.", tier_type,
                 )
 
-        namespace, codec_id, align = self.namespace.digest, self.codec_id, backend_cls.header_align
+        namespace, codec_id, align = self.namespace.digest, self.codec_id, tuning.header_align
         self._pool = IOPool(
             config.n_read_threads, config.n_write_threads, config.max_queued_chunks,
             ctx_factory=lambda: FrameCodec(namespace, codec_id, align, cipher),
@@ -451,7 +452,7 @@ class KVStoreTier(SecondaryTierManager):
         fs LRU); the batch goes to the I/O pool, or is dropped if it is full.
         """
         try:
-            if type(self.backend).touch_many is Backend.touch_many or not keys:
+            if not type(self.backend).supports_touch or not keys:
                 return
             names = [self.namespace.object_name(k) for k in keys if k in self._presence]
             if names:
@@ -567,7 +568,7 @@ class KVStoreTier(SecondaryTierManager):
         timeout = self.config.load_timeout_s
         # The job is queued once; I/O threads take it a batch at a time, so a
         # request's chunks move in parallel at no cost to this thread. Stores
-        # go ``max_store_batch`` chunks per task, loads ``max_batch`` (fs:
+        # go ``tuning.store_batch`` chunks per task, loads ``tuning.load_batch`` (fs:
         # eight; a pipeline's worth for redis/s3) -- with ``spread_loads``
         # (fs) a load is first spread over every read thread, as it sits on
         # time-to-first-token.
@@ -627,18 +628,23 @@ class KVStoreTier(SecondaryTierManager):
             rows = [self._row(c) for c in job.cids[start:stop]]
             if job.is_load:
                 items = [LoadItem(name_of(k), k, r) for k, r in zip(keys, rows, strict=True)]
-                errors = self.backend.load_many(items, codec)
-                for s, item, err in zip(range(start, stop), items, errors, strict=True):
-                    job.outcomes[s] = detached(err)
-                    job.stored_bytes[s] = item.stored_len
-                    if isinstance(err, ObjectCorrupt):
-                        self._remove_corrupt(item.name)
+                results = self.backend.load_many(items, codec)
+                for s, item, res in zip(range(start, stop), items, results, strict=True):
+                    if isinstance(res, BaseException):
+                        job.outcomes[s] = detached(res)
+                        if isinstance(res, ObjectCorrupt):
+                            self._remove_corrupt(item.name)
+                    else:
+                        job.stored_bytes[s] = res
             else:
                 sitems = [StoreItem(name_of(k), k, r) for k, r in zip(keys, rows, strict=True)]
                 results = self.backend.store_many(sitems, codec)
-                for s, sitem, res in zip(range(start, stop), sitems, results, strict=True):
-                    job.outcomes[s] = detached(res)
-                    job.stored_bytes[s] = sitem.stored_len
+                for s, res in zip(range(start, stop), results, strict=True):
+                    if isinstance(res, BaseException):
+                        job.outcomes[s] = detached(res)
+                    else:
+                        job.outcomes[s] = res > 0
+                        job.stored_bytes[s] = res
         except Exception as exc:
             # The batch call itself failed: no slot of it can be trusted.
             err = detached(classify(exc))
@@ -669,15 +675,15 @@ class KVStoreTier(SecondaryTierManager):
         name_of = self.namespace.object_name
         items = [LoadItem(name_of(k), k, scratch[i * row : (i + 1) * row])
                  for i, k in enumerate(job.keys[start:stop])]
-        errors = self.backend.load_many(items, codec)
+        results = self.backend.load_many(items, codec)
         late = TimeoutError("load finished after its deadline; discarded")
-        for s, item, err in zip(range(start, stop), items, errors, strict=True):
-            job.stored_bytes[s] = item.stored_len
-            if err is not None:
-                job.outcomes[s] = detached(err)
-                if isinstance(err, ObjectCorrupt):
+        for s, item, res in zip(range(start, stop), items, results, strict=True):
+            if isinstance(res, BaseException):
+                job.outcomes[s] = detached(res)
+                if isinstance(res, ObjectCorrupt):
                     self._remove_corrupt(item.name)
                 continue
+            job.stored_bytes[s] = res
             assert job.lock is not None  # a deadlined job has one from the start
             with job.lock:  # see the deadline protocol in the module docstring
                 if job.expired:

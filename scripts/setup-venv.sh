@@ -28,8 +28,8 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
 fi
 
 # A C compiler and Python's headers build the fs tier's per-chunk file calls
-# (kvstore_tiers/backends/_fsio.c); without them the install still works, on
-# the slower pure-Python twins (kvstore_tiers/backends/fs_io.py).
+# (kvstore_tiers/backends/fs/_fsio.c); without them the install still works, on
+# the slower pure-Python twins (kvstore_tiers/backends/fs/fileio.py).
 APT_BUILD=()
 command -v cc >/dev/null 2>&1 || APT_BUILD+=(gcc libc6-dev)
 "$PYTHON" -c "import os, sys, sysconfig
@@ -45,7 +45,7 @@ fi
 # --- stamp: skip everything when nothing changed ---------------------------
 stamp_inputs() {
     cat "$ROOT/scripts/setup-venv.sh" "$CONSTRAINTS" "$ROOT/pyproject.toml" \
-        "$ROOT/setup.py" "$ROOT/kvstore_tiers/backends/_fsio.c"
+        "$ROOT/setup.py" "$ROOT/kvstore_tiers/backends/fs/_fsio.c"
     find "$ROOT/plugins" -name pyproject.toml -exec cat {} + 2>/dev/null || true
 }
 STAMP_WANT="$(stamp_inputs | sha256sum | cut -d' ' -f1)"

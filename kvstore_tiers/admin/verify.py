@@ -1,7 +1,8 @@
 """Every object read back and decoded as a load decodes it (``kvstore-tiers verify``).
 
-The frame is checked by :mod:`kvstore_tiers.frame` only, through the same
-:meth:`FrameCodec.decode_into` a load uses: what verify accepts, a load
+The frame is checked by :mod:`kvstore_tiers.frame` only
+(:func:`~kvstore_tiers.frame.verify_frame`, through the same
+:meth:`FrameCodec.decode_into` a load uses): what verify accepts, a load
 accepts, and the other way round. Admin adds the one thing a load knows from
 its engine and verify must learn from the object's name: which key and which
 namespace the object claims to be.
@@ -19,7 +20,7 @@ from kvstore_tiers.admin.store import namespace_of
 from kvstore_tiers.backends.base import Backend, Buffer, ObjectInfo
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing
-from kvstore_tiers.frame import CODEC_ENCRYPTED, FrameCodec, FrameHeader, check_header, parse_header
+from kvstore_tiers.frame import CODEC_ENCRYPTED, FrameHeader, verify_frame
 from kvstore_tiers.namespace import key_from_object_name
 
 
@@ -45,33 +46,22 @@ class VerifyReport:
 def verify_object(name: str, frame: Buffer) -> FrameHeader:
     """Check one stored object fully; returns its header or raises ObjectCorrupt.
 
-    The name must be a block name; the frame must decode, through
-    :meth:`FrameCodec.decode_into`, as the block of the key the name encodes,
-    to a row whose checksum matches; its namespace digest must be the one the
-    namespace name ends with (12 hex digits: the digest's first 6 bytes).
-    An encrypted frame cannot be decoded without the tenant's key: its
-    header, key, namespace and length are checked (the tier authenticates
-    every load).
+    The name must be a block name; the frame is checked by
+    :func:`kvstore_tiers.frame.verify_frame` as the block of the key the name
+    encodes, in the namespace whose digest starts with the 12 hex digits the
+    namespace name ends with (the payload decoded by the same
+    :meth:`FrameCodec.decode_into` as a load, its checksum compared; an
+    encrypted frame, which needs the tenant's key, up to the payload).
     """
     key = key_from_object_name(name)
     if key is None:
         raise ObjectCorrupt("object name is not a block name")
-    header = parse_header(frame)
     ns_hex = namespace_of(name).rsplit("_", 1)[-1]
-    if len(ns_hex) == 12 and header.namespace.hex()[:12] != ns_hex:
-        raise ObjectCorrupt("frame belongs to another namespace than its name says")
-    if header.encrypted:
-        check_header(header, key=key, namespace=header.namespace, raw_len=header.raw_len)
-        if len(frame) != header.total_len:
-            raise ObjectCorrupt(f"object is {len(frame)} bytes, frame says {header.total_len}")
-        return header
-    codec = FrameCodec(header.namespace, CodecId.NONE)
     try:
-        return codec.decode_into(key, frame, memoryview(bytearray(header.raw_len)))
-    except ObjectCorrupt:
-        raise
-    except Exception as exc:  # a codec library error on garbage is corruption too
-        raise ObjectCorrupt(f"payload does not decode: {exc}") from None
+        prefix = bytes.fromhex(ns_hex) if len(ns_hex) == 12 else b""
+    except ValueError:
+        prefix = b""
+    return verify_frame(frame, key, prefix)
 
 
 def _codec_label(codec: int) -> str:

@@ -1,13 +1,13 @@
 """The backend interface: put, get, check and delete bytes.
 
-A backend knows nothing of vLLM, rows, codecs or threads. The core
-(:mod:`kvstore_tiers.tier`) hands it object names (from
-:meth:`Namespace.object_name`) and whole frames, from its I/O threads, and
-turns the backend's three kinds of error (:mod:`kvstore_tiers.errors`) into
-misses and failed jobs. A new backend is one module: subclass
-:class:`Backend`, declare a :class:`~kvstore_tiers.config.TierConfig`
-subclass with its keys, and register it under the
-``kvstore_tiers.backends`` entry-point group.
+A backend knows nothing of vLLM, rows, codecs or threads. The core hands it
+object names (from :meth:`Namespace.object_name`) and whole frames, from its
+I/O threads, and turns the backend's three kinds of error
+(:mod:`kvstore_tiers.errors`) into misses and failed jobs. A new backend is
+one module: subclass :class:`Backend`, declare a
+:class:`~kvstore_tiers.config.TierConfig` subclass with its keys, register it
+under the ``kvstore_tiers.backends`` entry-point group, and subclass
+:class:`kvstore_tiers.testing.backend.BackendTests` in its tests.
 
 Contract of the data methods (called concurrently from several threads):
 
@@ -20,12 +20,19 @@ Contract of the data methods (called concurrently from several threads):
 * ``delete(name)`` removes an object; a missing one is not an error.
 * ``iter_objects(prefix)`` yields :class:`ObjectInfo` for administration.
 
+Optional capabilities, each declared by a ``supports_*`` flag (the core reads
+the flags, never compares methods): ``delete_many`` (one native batch;
+default: a loop over ``delete``), ``touch_many`` (refresh LRU/TTL; default:
+nothing) and ``read_into`` (a zero-copy load of one frame, header first,
+through :meth:`FrameCodec.receive`).
+
 ``store_many``/``load_many`` are the batched entry points the core calls,
-with at most ``max_store_batch`` (stores; ``max_batch`` if None) or
-``max_batch`` (loads; fewer with ``spread_loads``) items; the defaults loop
-over ``store_one``/``load_one``, which a backend may override for zero-copy
-paths (fs) and batches override for pipelining (redis) or one call per
-batch (fs).
+with at most ``tuning.store_batch`` / ``tuning.load_batch`` items; the
+defaults loop over ``put`` (``read_into`` or ``get``) through the
+:class:`~kvstore_tiers.frame.FrameCodec`, and a backend overrides them for
+pipelining (redis, s3) or one call per batch (fs). Both RETURN one result per
+item, in order, and never raise: the frame bytes moved (stores: 0 when the
+object already existed), or the item's error.
 """
 
 from __future__ import annotations
@@ -46,6 +53,31 @@ Buffer = bytes | bytearray | memoryview
 
 
 @dataclass(frozen=True, slots=True)
+class IOTuning:
+    """How the I/O pool batches one backend's work: the pool's tuning in one value.
+
+    Read once by the core when the tier starts (:attr:`Backend.tuning`).
+    """
+
+    #: Chunks per load task (a pipeline's worth for a remote backend).
+    load_batch: int = 1
+    #: Chunks per store task. Stores only need to finish, not to start at
+    #: once, so a backend may take them in larger batches than loads, which
+    #: sit on time-to-first-token.
+    store_batch: int = 1
+    #: Spread a load job over every read thread before filling batches: a
+    #: 16-chunk load on 8 threads goes 2 chunks per task, not ``load_batch``
+    #: (fs: each file is its own read, so threads are what makes them
+    #: parallel; redis/s3 overlap a batch's requests within one task).
+    spread_loads: bool = False
+    #: At most this many bytes of rows per load task (at least one row; None:
+    #: no bound), so a task's latency stays about one large read.
+    max_load_batch_bytes: int | None = None
+    #: Alignment the frame headers this backend writes are padded to.
+    header_align: int = 8
+
+
+@dataclass(frozen=True, slots=True)
 class ObjectInfo:
     """One stored object, as listed by :meth:`Backend.iter_objects`."""
 
@@ -61,8 +93,6 @@ class StoreItem:
     name: str
     key: bytes
     src: memoryview
-    #: Set by the store path: bytes of the frame sent to the backend.
-    stored_len: int = 0
 
 
 @dataclass(slots=True)
@@ -72,8 +102,11 @@ class LoadItem:
     name: str
     key: bytes
     dest: memoryview
-    #: Set by the load path: bytes of the frame received from the backend.
-    stored_len: int = 0
+
+
+#: One item's result from ``store_many``/``load_many``: frame bytes moved
+#: (stores: 0 = the object existed already) or the item's error.
+Result = int | BaseException
 
 
 class Backend(ABC):
@@ -85,30 +118,23 @@ class Backend(ABC):
     config_model: ClassVar[type[TierConfig]] = TierConfig
     #: True for network backends: drives compression=auto, default locality, backpressure.
     remote: ClassVar[bool] = False
-    #: Alignment of frame headers written by this backend.
-    header_align: ClassVar[int] = 8
-    #: Chunks handed to one I/O task (batching for pipelined backends).
-    max_batch: ClassVar[int] = 1
-    #: Chunks handed to one *store* task; None: ``max_batch``. Stores only
-    #: need to finish, not to start at once, so a backend may take them in
-    #: larger batches than loads, which sit on time-to-first-token.
-    max_store_batch: ClassVar[int | None] = None
-    #: Spread a load job over every read thread before filling batches: a
-    #: 16-chunk load on 8 threads goes 2 chunks per task, not ``max_batch``
-    #: (fs: each file is its own read, so threads are what makes them
-    #: parallel; redis/s3 overlap a batch's requests within one task).
-    spread_loads: ClassVar[bool] = False
-    #: At most this many bytes of rows per load task (at least one row; None:
-    #: no bound), so a task's latency stays about one large read.
-    max_load_batch_bytes: ClassVar[int | None] = None
     #: ``delete_many`` is one native batch (not the default loop over ``delete``).
     supports_delete_many: ClassVar[bool] = False
+    #: ``touch_many`` does something (LRU / TTL refresh): the core sends it touches.
+    supports_touch: ClassVar[bool] = False
+    #: ``read_into`` is implemented (a zero-copy load path).
+    supports_read_into: ClassVar[bool] = False
 
     def __init__(self, config: Any, namespace: Namespace) -> None:
         self.config = config
         self.namespace = namespace
         #: Objects this backend removed for capacity (eviction), for metrics.
         self.evicted_objects = 0
+
+    @property
+    def tuning(self) -> IOTuning:
+        """How the pool batches this backend's work (may depend on its config)."""
+        return IOTuning()
 
     # -- lifecycle -------------------------------------------------------------
     def open(self) -> None:  # noqa: B027 - optional hook
@@ -123,64 +149,65 @@ class Backend(ABC):
 
     # -- bytes -----------------------------------------------------------------
     @abstractmethod
-    def put(self, name: str, parts: Sequence[Buffer]) -> bool: ...
+    def put(self, name: str, parts: Sequence[Buffer]) -> bool:
+        """Atomically store ``parts`` back to back as ``name``; False if it existed (left alone)."""
 
     @abstractmethod
-    def get(self, name: str) -> Buffer: ...
+    def get(self, name: str) -> Buffer:
+        """The whole object ``name``; raises ObjectMissing if there is none."""
 
     @abstractmethod
-    def exists_many(self, names: Sequence[str]) -> list[bool]: ...
+    def exists_many(self, names: Sequence[str]) -> list[bool]:
+        """One bool per name, in order."""
 
     @abstractmethod
-    def delete(self, name: str) -> None: ...
+    def delete(self, name: str) -> None:
+        """Remove ``name``; a missing object is not an error."""
 
     @abstractmethod
-    def iter_objects(self, prefix: str = "") -> Iterator[ObjectInfo]: ...
+    def iter_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose name starts with ``prefix`` (administration)."""
 
+    # -- optional (declared by the supports_* flags) --------------------------------
     def delete_many(self, names: Sequence[str]) -> None:
-        """Remove every object of ``names``; missing ones are not an error.
-
-        The default loops over :meth:`delete`; a backend with a batch delete
-        overrides it and sets ``supports_delete_many``.
-        """
+        """Remove every name (missing ones are not an error). Default: ``delete`` each."""
         for name in names:
             self.delete(name)
 
     def touch_many(self, names: Sequence[str]) -> None:  # noqa: B027 - optional hook
-        """Refresh recency/expiry of objects (LRU, TTL). Best effort."""
+        """Refresh recency/expiry of objects (LRU, TTL). Best effort; default: nothing."""
+
+    def read_into(self, item: LoadItem, codec: FrameCodec) -> int:
+        """Load one frame into ``item.dest``: its header first, then the payload
+        straight into the row (:meth:`FrameCodec.receive`); returns the frame's
+        size. Raises the item's error. Only with ``supports_read_into``."""
+        raise NotImplementedError(f"{type(self).__name__} does not support read_into")
 
     # -- frames (what the core calls) -------------------------------------------
-    def store_one(self, item: StoreItem, codec: FrameCodec) -> bool:
-        header, payload = codec.encode(item.key, item.src)
-        item.stored_len = len(header) + len(payload)
-        return self.put(item.name, (header, payload))
-
-    def load_one(self, item: LoadItem, codec: FrameCodec) -> None:
-        frame = self.get(item.name)
-        item.stored_len = len(frame)
-        codec.decode_into(item.key, frame, item.dest)
-
-    def store_many(
-        self, items: Sequence[StoreItem], codec: FrameCodec
-    ) -> list[bool | BaseException]:
-        """Store every item; per item ``True``/``False`` (written/existed) or the error."""
-        out: list[bool | BaseException] = []
+    def store_many(self, items: Sequence[StoreItem], codec: FrameCodec) -> list[Result]:
+        """Store every item; per item the frame bytes written, 0 if it existed, or the error."""
+        out: list[Result] = []
         for item in items:
             try:
-                out.append(self.store_one(item, codec))
+                header, payload = codec.encode(item.key, item.src)
+                written = self.put(item.name, (header, payload))
+                out.append(len(header) + len(payload) if written else 0)
             except Exception as exc:
                 out.append(classify(exc))
         return out
 
-    def load_many(
-        self, items: Sequence[LoadItem], codec: FrameCodec
-    ) -> list[BaseException | None]:
-        """Load every item; per item ``None`` on success or the error."""
-        out: list[BaseException | None] = []
+    def load_many(self, items: Sequence[LoadItem], codec: FrameCodec) -> list[Result]:
+        """Load every item into its row; per item the frame bytes received or the error."""
+        out: list[Result] = []
+        direct = type(self).supports_read_into
         for item in items:
             try:
-                self.load_one(item, codec)
-                out.append(None)
+                if direct:
+                    out.append(self.read_into(item, codec))
+                else:
+                    frame = self.get(item.name)
+                    codec.decode_into(item.key, frame, item.dest)
+                    out.append(len(frame))
             except Exception as exc:
                 out.append(classify(exc))
         return out
@@ -189,18 +216,17 @@ class Backend(ABC):
 def encode_batch(
     items: Sequence[StoreItem], codec: FrameCodec,
     classify_error: Callable[[BaseException], BaseException] | None = None,
-) -> tuple[list[Any], list[tuple[int, bytearray, Buffer]]]:
+) -> tuple[list[Result], list[tuple[int, bytearray, Buffer]]]:
     """Encode every item's row into a frame, on the calling (pool) thread.
 
     For batched ``store_many`` implementations. Returns ``(out, encoded)``:
     ``out`` has one slot per item -- the classified error where encoding
     failed, a "not attempted" TransientError placeholder elsewhere, for the
     caller to overwrite with that item's result -- and ``encoded`` lists
-    ``(index, header, payload)`` of the items that encoded. Sets each encoded
-    item's ``stored_len``.
+    ``(index, header, payload)`` of the items that encoded.
     """
     classify_error = classify_error or classify
-    out: list[Any] = [TransientError("not attempted")] * len(items)
+    out: list[Result] = [TransientError("not attempted")] * len(items)
     encoded: list[tuple[int, bytearray, Buffer]] = []
     for i, item in enumerate(items):
         try:
@@ -208,7 +234,6 @@ def encode_batch(
         except Exception as exc:
             out[i] = classify_error(exc)
             continue
-        item.stored_len = len(header) + len(payload)
         encoded.append((i, header, payload))
     return out, encoded
 

@@ -8,7 +8,7 @@ block that already exists is never rewritten (content-addressed keys: the same
 key always holds the same bytes). Keys carry no hash tag, so in a cluster
 they spread over every slot.
 
-Batching: the core hands this backend ``max_batch`` (``pipeline_batch``)
+Batching: the core hands this backend ``pipeline_batch`` (its ``tuning``)
 chunks per I/O task; each batch is one non-transactional pipeline (one round
 trip; in cluster mode redis-py's cluster pipeline splits it by slot/node).
 Lookups are one pipeline of ``EXISTS`` per key (per-key answers). A load
@@ -57,6 +57,7 @@ from redis.retry import Retry
 from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
+    IOTuning,
     LoadItem,
     ObjectInfo,
     StoreItem,
@@ -70,7 +71,7 @@ from kvstore_tiers.errors import (
     ObjectMissing,
     TransientError,
 )
-from kvstore_tiers.frame import HEADER_FIXED, MAGIC, FrameCodec
+from kvstore_tiers.frame import HEADER_FIXED, FrameCodec, created_ms
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
 logger = logging.getLogger(__name__)
@@ -217,13 +218,11 @@ class RedisBackend(Backend):
     name = "redis"
     config_model = RedisConfig
     remote = True
-    header_align = 8
-    max_batch = 8  # per instance: config.pipeline_batch
+    supports_touch = True
 
     def __init__(self, config: RedisConfig, namespace: Any) -> None:
         super().__init__(config, namespace)
         self.config: RedisConfig = config
-        self.max_batch = config.pipeline_batch  # instance attribute shadows the ClassVar
         self.prefix = config.key_prefix
         self.client: Any = None
         self.use_getex = True
@@ -232,6 +231,12 @@ class RedisBackend(Backend):
         self._warn = RateLimitedLogger(logger, interval_s=30.0)
         self._username, self._password = self._credentials()
         self._fast: Any = None  # FastIO for a single server; None in cluster mode
+
+    @property
+    def tuning(self) -> IOTuning:
+        """``pipeline_batch`` chunks per task, loads and stores alike."""
+        return IOTuning(load_batch=self.config.pipeline_batch,
+                        store_batch=self.config.pipeline_batch)
 
     # -- configuration -------------------------------------------------------------
     def _credentials(self) -> tuple[str | None, str | None]:
@@ -618,8 +623,8 @@ class RedisBackend(Backend):
     # -- frames: pipelined batches (what the core calls) ---------------------------------
     def store_many(
         self, items: Sequence[StoreItem], codec: FrameCodec
-    ) -> list[bool | BaseException]:
-        """One pipeline of ``SET key frame NX [EX ttl]``: True written, False existed."""
+    ) -> list[int | BaseException]:
+        """One pipeline of ``SET key frame NX [EX ttl]``: bytes written, 0 existed."""
         if self._fast is not None:
             return self._store_many_fast(items, codec)
         out, encoded = encode_batch(items, codec, classify_redis)
@@ -635,14 +640,14 @@ class RedisBackend(Backend):
             for i in slots:
                 out[i] = err
             return out
-        for i, reply in zip(slots, replies, strict=True):
+        for i, (_k, frame), reply in zip(slots, frames, replies, strict=True):
             out[i] = classify_redis(reply) if isinstance(reply, BaseException) \
-                else reply is not None
+                else len(frame) if reply is not None else 0
         return out
 
     def load_many(
         self, items: Sequence[LoadItem], codec: FrameCodec
-    ) -> list[BaseException | None]:
+    ) -> list[int | BaseException]:
         """One pipeline of GET (GETEX with ttl_s: a hit refreshes the expiry)."""
         ttl = self.config.ttl_s
         if self._fast is not None and (self.use_getex or not ttl):
@@ -669,7 +674,7 @@ class RedisBackend(Backend):
         except Exception as exc:
             err = classify_redis(exc)
             return [err] * len(items)
-        out: list[BaseException | None] = []
+        out: list[int | BaseException] = []
         for i, item in enumerate(items):
             value = replies[i * per]
             if isinstance(value, BaseException):
@@ -678,10 +683,9 @@ class RedisBackend(Backend):
             if value is None:
                 out.append(ObjectMissing(keys[i]))
                 continue
-            item.stored_len = len(value)
             try:
                 codec.decode_into(item.key, value, item.dest)
-                out.append(None)
+                out.append(len(value))
             except ObjectCorrupt as exc:
                 out.append(exc)
             except Exception as exc:
@@ -691,7 +695,7 @@ class RedisBackend(Backend):
 
     def _store_many_fast(
         self, items: Sequence[StoreItem], codec: FrameCodec
-    ) -> list[bool | BaseException]:
+    ) -> list[int | BaseException]:
         out, encoded = encode_batch(items, codec, classify_redis)
         frames = [(self.key(items[i].name).encode(), h, p) for i, h, p in encoded]
         slots = [i for i, _h, _p in encoded]
@@ -704,13 +708,14 @@ class RedisBackend(Backend):
             for i in slots:
                 out[i] = err
             return out
-        for i, reply in zip(slots, replies, strict=True):
-            out[i] = classify_redis(reply) if isinstance(reply, BaseException) else reply
+        for i, (_k, h, p), reply in zip(slots, frames, replies, strict=True):
+            out[i] = classify_redis(reply) if isinstance(reply, BaseException) \
+                else len(h) + len(p) if reply else 0
         return out
 
     def _load_many_fast(
         self, items: Sequence[LoadItem], codec: FrameCodec
-    ) -> list[BaseException | None]:
+    ) -> list[int | BaseException]:
         keys = [self.key(it.name).encode() for it in items]
         try:
             return self._fast.get_many(keys, items, codec, self.config.ttl_s)
@@ -739,14 +744,12 @@ def _glob_escape(text: str) -> str:
 def _created_s(header: Any) -> float | None:
     """Creation time (s since the epoch) from the first 64 bytes of a frame, or None.
 
-    Only the fixed part is read (GETRANGE 0..63): magic at 0, created_ms
-    (little-endian u64) at 56 -- see :mod:`kvstore_tiers.frame`.
+    Only the fixed part is read (GETRANGE 0..63, :func:`frame.created_ms`).
     """
-    if not isinstance(header, (bytes, bytearray)) or len(header) < HEADER_FIXED:
+    if not isinstance(header, (bytes, bytearray)):
         return None
-    if bytes(header[:4]) != MAGIC:
-        return None
-    return int.from_bytes(header[56:64], "little") / 1000.0
+    ms = created_ms(header)
+    return None if ms is None else ms / 1000.0
 
 
 def gc(config: Mapping[str, Any], max_age_s: float | None = None,

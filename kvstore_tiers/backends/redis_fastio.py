@@ -269,10 +269,10 @@ class FastIO:
 
     # -- load --------------------------------------------------------------------------
     def get_many(self, keys: Sequence[bytes], items: Sequence[Any], codec: FrameCodec,
-                 ttl_s: int | None) -> list[BaseException | None]:
+                 ttl_s: int | None) -> list[int | BaseException]:
         """GET (GETEX EX ttl) each key and decode it into ``items[i].dest``.
 
-        Per item: None (loaded and verified), ObjectMissing, ObjectCorrupt or
+        Per item: the frame's size (loaded and verified), ObjectMissing, ObjectCorrupt or
         TransientError (a server error reply). Connection errors raise.
         """
         if ttl_s:
@@ -283,7 +283,7 @@ class FastIO:
             cmds = [b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys]
         depth = max(1, self.get_depth)
 
-        def op(conn: Any) -> list[BaseException | None]:
+        def op(conn: Any) -> list[int | BaseException]:
             # At most ``depth`` GETs unanswered on this connection: the server
             # copies each reply into its output buffers as soon as it reads
             # the GET, so a deeper pipeline only makes it fault in fresh
@@ -291,7 +291,7 @@ class FastIO:
             sent = min(depth, len(cmds))
             conn.send_packed_command([b"".join(cmds[:sent])], check_health=False)
             reader = _Reader(conn._sock, self._readbuf())
-            out: list[BaseException | None] = []
+            out: list[int | BaseException] = []
             for i, (key, item) in enumerate(zip(keys, items, strict=True)):
                 if sent < len(cmds) and sent < i + depth:
                     conn.send_packed_command([cmds[sent]], check_health=False)
@@ -304,7 +304,7 @@ class FastIO:
         return self._with_connection(op)
 
     def _read_value(self, r: _Reader, key: bytes, item: Any, codec: FrameCodec
-                    ) -> BaseException | None:
+                    ) -> int | BaseException:
         line = r.readline()
         kind, rest = line[:1], line[1:]
         if kind == b"-":
@@ -316,7 +316,6 @@ class FastIO:
         n = int(rest)
         if n < 0:  # RESP2 null bulk
             return ObjectMissing(key.decode(errors="replace"))
-        item.stored_len = n
         dest: memoryview = item.dest
         head = self._scratch_head(min(n, HEAD_PEEK))
         r.readinto(head)
@@ -343,7 +342,7 @@ class FastIO:
                     codec.verify(header, dest)
                 except ObjectCorrupt as exc:
                     return exc
-                return None
+                return n
             payload = self._scratch(header.stored_len)
             payload[:in_head] = head[header.header_len :]
             r.readinto(payload[in_head:])
@@ -352,7 +351,7 @@ class FastIO:
                 codec.decode_payload_into(header, payload, dest)
             except ObjectCorrupt as exc:
                 return exc
-            return None
+            return n
         finally:
             # Consumed to the end: eat the CRLF. Otherwise an exception is on its
             # way out and the connection will be dropped.

@@ -10,7 +10,7 @@ owned by the backend. The core's I/O pool threads call the synchronous
 methods below, which submit a coroutine to that loop and wait for it with a
 deadline (``request_deadline_s``). An ``asyncio.Semaphore`` of
 ``max_concurrency`` bounds the requests in flight, so hundreds of requests
-overlap without a thread each. ``max_batch`` chunks reach one pool task and
+overlap without a thread each. ``tuning.load_batch`` chunks reach one pool task and
 go out concurrently (``store_many``/``load_many``/``exists_many`` gather).
 Frame encoding and decoding stay on the pool threads (zstd and CRC-32C release
 the GIL), the loop thread only does HTTP. docs/s3.md has the measurement
@@ -52,6 +52,7 @@ from typing import Any, TypeVar
 from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
+    IOTuning,
     LoadItem,
     ObjectInfo,
     StoreItem,
@@ -131,9 +132,11 @@ class S3Backend(Backend):
     name = "s3"
     config_model = S3Config
     remote = True
-    header_align = 8
-    #: Chunks per pool task: sent as one concurrent batch on the loop.
-    max_batch = 16
+
+    @property
+    def tuning(self) -> IOTuning:
+        """16 chunks per pool task, loads and stores: sent as one concurrent batch on the loop."""
+        return IOTuning(load_batch=16, store_batch=16)
 
     def __init__(self, config: S3Config, namespace: Any) -> None:
         super().__init__(config, namespace)
@@ -391,31 +394,30 @@ class S3Backend(Backend):
     # -- batches (what the core calls) -------------------------------------------
     def store_many(
         self, items: Sequence[StoreItem], codec: FrameCodec
-    ) -> list[bool | BaseException]:
+    ) -> list[int | BaseException]:
         """Encode on this (pool) thread, then PUT the whole batch concurrently."""
         out, encoded = encode_batch(items, codec)
         coros: list[Coroutine[Any, Any, bool]] = [
             self._put(self.prefix + items[i].name, self._body((h, p))) for i, h, p in encoded
         ]
-        slots = [i for i, _h, _p in encoded]
         if coros:
             try:
                 results = self._run(self._gather(coros))
             except Exception as exc:
                 err = classify(exc)
                 results = [err] * len(coros)
-            for i, res in zip(slots, results, strict=True):
+            for (i, h, p), res in zip(encoded, results, strict=True):
                 out[i] = (classify(self._error(res, f"PUT {items[i].name}"))
-                          if isinstance(res, BaseException) else res)
+                          if isinstance(res, BaseException) else len(h) + len(p) if res else 0)
         return out
 
     def load_many(
         self, items: Sequence[LoadItem], codec: FrameCodec
-    ) -> list[BaseException | None]:
+    ) -> list[int | BaseException]:
         """GET the whole batch concurrently; decode each frame on this thread as it lands.
 
         Decoding overlaps the batch's remaining GETs (instead of starting once the
-        slowest one is in), so a task's decode tail is one frame, not ``max_batch``.
+        slowest one is in), so a task's decode tail is one frame, not a batch.
         """
         if not items:
             return []
@@ -439,7 +441,7 @@ class S3Backend(Backend):
         deadline_s = self.config.request_deadline_s
         fut = asyncio.run_coroutine_threadsafe(batch(), loop)
         deadline = time.monotonic() + deadline_s
-        out: list[BaseException | None] = [None] * len(items)
+        out: list[int | BaseException] = [0] * len(items)
         pending = set(range(len(items)))
         while pending:
             try:
@@ -458,8 +460,8 @@ class S3Backend(Backend):
                 out[i] = classify(err)
                 continue
             try:
-                item.stored_len = len(frame)
                 codec.decode_into(item.key, frame, item.dest)
+                out[i] = len(frame)
             except Exception as exc:
                 out[i] = classify(exc)
         return out

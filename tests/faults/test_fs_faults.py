@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from kvstore_tiers.backends import fs_io
+from kvstore_tiers.backends.fs import fileio as fs_io
 from kvstore_tiers.harness import make_keys
 
 from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix
@@ -45,13 +45,14 @@ row_bytes, n = int(sys.argv[3]), int(sys.argv[4])
 ns = Namespace.from_run_config(run_config)
 be = FileSystemBackend(FsConfig(root_dir=root), ns)
 be.open()
-codec = FrameCodec(ns.digest, CodecId.NONE, be.header_align)
+codec = FrameCodec(ns.digest, CodecId.NONE, be.tuning.header_align)
 for i, k in enumerate(make_keys(n, seed=77)):
     row = mmap.mmap(-1, row_bytes)  # page aligned, like a primary row: the O_DIRECT path
     row[:] = np.random.default_rng(int.from_bytes(k[:8], "little")).integers(
         0, 256, row_bytes, dtype=np.uint8).tobytes()
     print(f"start {i}", flush=True)
-    be.store_one(StoreItem(ns.object_name(k), k, memoryview(row)), codec)
+    (res,) = be.store_many([StoreItem(ns.object_name(k), k, memoryview(row))], codec)
+    assert not isinstance(res, BaseException), res
     print(f"done {i}", flush=True)
 """
 

@@ -10,18 +10,38 @@ that is all a plugin needs to be found.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN_SRC = REPO / "plugins" / "kvstore-memory"
 CHILD = Path(__file__).resolve().parent / "child_memory_tier.py"
 RESULT_PREFIX = "RESULT "
+
+
+def load_backend_module() -> ModuleType:
+    """The plugin's backend module, imported from its source file.
+
+    Not through ``sys.path``: that would also expose the plugin's entry point
+    to the rest of this pytest session and change what other tests see as
+    "installed". Imported once per process."""
+    name = "_kvstore_memory_backend_under_test"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = PLUGIN_SRC / "kvstore_memory" / "backend.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # pydantic resolves annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def install_plugin(dest: Path) -> Path:

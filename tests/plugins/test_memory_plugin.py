@@ -10,36 +10,19 @@ the type and the types that do exist.
 from __future__ import annotations
 
 import concurrent.futures
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from .plugin_helpers import PLUGIN_SRC, run_child
+from .plugin_helpers import load_backend_module, run_child
 
 pytest.importorskip("vllm")
 
 
-def _load_backend_module() -> ModuleType:
-    """The plugin's backend module, imported from its source file.
-
-    Not through ``sys.path``: that would also expose the plugin's entry point
-    to the rest of this pytest session and change what other tests see as
-    "installed"."""
-    path = PLUGIN_SRC / "kvstore_memory" / "backend.py"
-    spec = importlib.util.spec_from_file_location("_kvstore_memory_backend_under_test", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # pydantic resolves annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.fixture(scope="module")
 def memory_mod() -> ModuleType:
-    return _load_backend_module()
+    return load_backend_module()
 
 
 def _backend(mod: ModuleType, max_bytes: int):

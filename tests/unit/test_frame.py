@@ -76,5 +76,79 @@ def test_encode_batch_reports_failed_items_and_encodes_the_rest() -> None:
     out, encoded = encode_batch(items, FrameCodec(NS, CodecId.NONE))
     assert [i for i, _h, _p in encoded] == [0, 2]
     assert isinstance(out[1], TransientError)
-    assert items[0].stored_len == items[2].stored_len == header_length(len(KEY), 8) + len(raw)
-    assert items[1].stored_len == 0
+    assert [len(h) + len(p) for _i, h, p in encoded] == [header_length(len(KEY), 8) + len(raw)] * 2
+
+
+@pytest.mark.parametrize("codec", list(CodecId))
+@pytest.mark.parametrize("head_len", [0, 40, 200, 4000, None])
+def test_receive_header_first_into_row_or_scratch(codec: CodecId, head_len: int | None) -> None:
+    """A frame read header first lands in the row exactly as a whole-frame decode."""
+    from kvstore_tiers.frame import created_ms
+
+    frame, raw = _frame(codec)
+    hlen = parse_header(frame).header_len
+    head = frame[: hlen + (head_len or 0)] if head_len is not None else frame
+    dest = memoryview(bytearray(len(raw)))
+    scratch_calls: list[int] = []
+
+    def scratch(n: int) -> memoryview:
+        scratch_calls.append(n)
+        return memoryview(bytearray(n + 7))
+
+    rx = FrameCodec(NS, codec).receive(KEY, head, len(frame), dest, scratch)
+    assert rx.offset == len(head)
+    assert len(rx.remaining) == len(frame) - len(head)
+    raw_payload = rx.header.codec == CodecId.NONE
+    assert rx.direct == raw_payload
+    if raw_payload:
+        assert rx.remaining.obj is dest.obj and not scratch_calls
+    if len(rx.remaining):  # (an empty view of a read-only head cannot be assigned to)
+        rx.remaining[:] = frame[len(head):]
+    rx.finish()
+    assert bytes(dest) == raw
+    assert created_ms(frame[:HEADER_FIXED]) == rx.header.created_ms > 0
+
+
+def test_receive_rejects_before_touching_the_row() -> None:
+    frame, raw = _frame()
+    dest = memoryview(bytearray(b"\xaa" * len(raw)))
+    codec = FrameCodec(NS, CodecId.NONE)
+    with pytest.raises(ObjectCorrupt, match="frame says"):
+        codec.receive(KEY, frame[:200], len(frame) - 1, dest)
+    with pytest.raises(ObjectCorrupt, match="another key"):
+        codec.receive(b"\x02" * 36, frame[:200], len(frame), dest)
+    with pytest.raises(ObjectCorrupt, match="longer than the bytes read"):
+        codec.receive(KEY, frame[:HEADER_FIXED + len(KEY)], len(frame), dest)
+    assert bytes(dest) == b"\xaa" * len(raw)
+    rx = codec.receive(KEY, frame[:200], len(frame), dest)
+    rx.remaining[:] = frame[200:]
+    rx.remaining[-1] ^= 1
+    with pytest.raises(ObjectCorrupt, match="checksum"):
+        rx.finish()
+
+
+def test_created_ms_of_a_non_frame_is_none() -> None:
+    from kvstore_tiers.frame import created_ms
+
+    frame, _raw = _frame()
+    assert created_ms(frame[:HEADER_FIXED - 1]) is None
+    assert created_ms(b"XXXX" + frame[4:HEADER_FIXED]) is None
+
+
+@pytest.mark.parametrize("codec", list(CodecId))
+def test_verify_frame_runs_the_load_checks(codec: CodecId) -> None:
+    from kvstore_tiers.frame import verify_frame
+
+    frame, raw = _frame(codec)
+    header = verify_frame(frame, KEY, NS[:6])
+    assert header.raw_len == len(raw) and header.key == KEY
+    with pytest.raises(ObjectCorrupt, match="another key"):
+        verify_frame(frame, b"\x02" * 36)
+    with pytest.raises(ObjectCorrupt, match="another namespace"):
+        verify_frame(frame, KEY, b"M" * 6)
+    with pytest.raises(ObjectCorrupt):
+        verify_frame(frame[:-1], KEY)
+    damaged = bytearray(frame)
+    damaged[-1] ^= 0x01
+    with pytest.raises(ObjectCorrupt):
+        verify_frame(bytes(damaged), KEY)

@@ -62,8 +62,8 @@ class MemoryBackend(Backend):
     # Local and fast: no compression by default (compression=auto -> none),
     # locality LOCAL, no default network backpressure.
     remote = False
-    header_align = 8
-    max_batch = 1
+    # LRU: a reuse the primary reports refreshes an object's recency.
+    supports_touch = True
 
     def __init__(self, config: MemoryConfig, namespace: Any) -> None:
         super().__init__(config, namespace)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from kvstore_tiers.harness import make_keys
 
-from ..conftest import rows_like
+from ...conftest import rows_like
 
 ROW = 65536  # each object is 4096 + 65536 bytes on disk
 
@@ -66,7 +66,7 @@ def test_two_processes_sharing_a_root_stay_under_the_cap(tmp_path) -> None:
     # Each process reports its writes in batches of 4 objects and evicts past
     # 95%: the cap holds to within one batch per process, and eviction brings
     # the store back under it.
-    from kvstore_tiers.backends.fs_capacity import CapacityController, scan
+    from kvstore_tiers.backends.fs.capacity import CapacityController, scan
 
     assert _disk_bytes(tmp_path) <= cap + 2 * 4 * (ROW + 4096)
     (ns_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]

@@ -1,4 +1,4 @@
-/* kvstore_tiers.backends._fsio: the fs tier's per-block file I/O, one
+/* kvstore_tiers.backends.fs._fsio: the fs tier's per-block file I/O, one
  * GIL-free call each.
  *
  * publish_file(tmp, path, buffers, flags) -> n
@@ -6,8 +6,12 @@
  *   Unless ``path`` exists already (then it returns 0 and writes nothing):
  *   creates ``tmp`` (O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | ``flags``, mode
  *   0644), writes ``buffers`` with one vectored write, closes it and renames
- *   it to ``path``: an atomic publish. A short write is EIO. On any error
- *   ``tmp`` is removed and ``path`` is untouched.
+ *   it to ``path``: an atomic publish. A rename that reports EEXIST lost a
+ *   publish race to another writer of the same (content-addressed) object:
+ *   ``tmp`` is removed and the result is 0, as if it had existed. A short
+ *   write is followed by a write of the rest, so an error carries the
+ *   kernel's reason (ENOSPC on a full disk; EIO only if no error is given).
+ *   On any error ``tmp`` is removed and ``path`` is untouched.
  *
  * publish_files(items) -> list
  *
@@ -152,6 +156,37 @@ read_one(const char *path, const Buffers *b, int flags, ssize_t *n, off_t *size)
     return err;
 }
 
+/* After a short writev of ``done`` bytes: write the rest, buffer by buffer,
+ * so a failure reports the kernel's reason (ENOSPC on a full disk) rather
+ * than a bare short count. Returns 0 once everything is written, else the
+ * errno (EIO if a write makes no progress without one). */
+static int
+write_rest(int fd, const Buffers *b, size_t done)
+{
+    for (Py_ssize_t i = 0; i < b->count; i++) {
+        size_t len = b->iov[i].iov_len;
+        if (done >= len) {
+            done -= len;
+            continue;
+        }
+        const char *p = (const char *)b->iov[i].iov_base + done;
+        size_t left = len - done;
+        done = 0;
+        while (left > 0) {
+            ssize_t w = write(fd, p, left);
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w < 0)
+                return errno;
+            if (w == 0)
+                return EIO;
+            p += w;
+            left -= (size_t)w;
+        }
+    }
+    return 0;
+}
+
 /* The publish itself (see publish_file above); runs without the GIL. Returns 0
  * or an errno, with *n the bytes written (0: ``path`` existed) and *failed the
  * name an error is reported against. */
@@ -175,13 +210,23 @@ publish_one(const char *tmp, const char *path, const Buffers *b, int flags, ssiz
     do {
         *n = writev(fd, b->iov, (int)b->count);
     } while (*n < 0 && errno == EINTR);
-    if (*n < 0)
+    if (*n < 0) {
         err = errno;
-    else if (*n != b->total)
-        err = EIO; /* a short write: the filesystem is full or failing */
+    } else if (*n != b->total) {
+        /* A short write: the filesystem is full or failing; the rest says why. */
+        err = write_rest(fd, b, (size_t)*n);
+        if (err == 0)
+            *n = b->total;
+    }
     if (close(fd) != 0 && err == 0)
         err = errno; /* NFS reports write-back errors here */
     if (err == 0 && rename(tmp, path) != 0) {
+        if (errno == EEXIST) {
+            /* Another writer published the same object first: it is there. */
+            *n = 0;
+            unlink(tmp);
+            return 0;
+        }
         err = errno;
         *failed = path;
     }

@@ -1,4 +1,4 @@
-"""The fs tier's per-block file calls (kvstore_tiers.backends.fs_io): the
+"""The fs tier's per-block file calls (kvstore_tiers.backends.fs.fileio): the
 compiled ``_fsio`` pair and the pure-Python pair must behave the same, byte
 for byte and error for error."""
 
@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import mmap
 import os
 import resource
+import shutil
 import signal
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +21,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from kvstore_tiers.backends import fs, fs_io
+from kvstore_tiers.backends import fs
+from kvstore_tiers.backends.fs import fileio
 
 PAGE = mmap.PAGESIZE
 
@@ -34,7 +39,7 @@ def _single(read_files):
 
 
 def _native() -> SimpleNamespace:
-    from kvstore_tiers.backends import _fsio
+    from kvstore_tiers.backends.fs import _fsio
 
     return SimpleNamespace(read_file=_single(_fsio.read_files), publish_file=_fsio.publish_file,
                            publish_files=_fsio.publish_files, exists_files=_fsio.exists_files,
@@ -45,10 +50,10 @@ def _native() -> SimpleNamespace:
 def io(request) -> SimpleNamespace:
     if request.param == "native":
         return _native()
-    return SimpleNamespace(read_file=_single(fs_io.read_files_py),
-                           publish_file=fs_io.publish_file_py,
-                           publish_files=fs_io.publish_files_py,
-                           exists_files=fs_io.exists_files_py, read_files=fs_io.read_files_py)
+    return SimpleNamespace(read_file=_single(fileio.read_files_py),
+                           publish_file=fileio.publish_file_py,
+                           publish_files=fileio.publish_files_py,
+                           exists_files=fileio.exists_files_py, read_files=fileio.read_files_py)
 
 
 def _open_fds() -> int:
@@ -75,11 +80,11 @@ def test_the_native_calls_are_built_and_used() -> None:
     # which is not what the benchmarks describe.
     native = _native()
     if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
-        assert fs_io.NATIVE
-        assert fs_io.publish_file is native.publish_file
-        assert fs_io.publish_files is native.publish_files
-        assert fs_io.exists_files is native.exists_files
-        assert fs_io.read_files is native.read_files
+        assert fileio.NATIVE
+        assert fileio.publish_file is native.publish_file
+        assert fileio.publish_files is native.publish_files
+        assert fileio.exists_files is native.exists_files
+        assert fileio.read_files is native.read_files
 
 
 # -- read_files --------------------------------------------------------------------
@@ -336,3 +341,134 @@ def test_publish_files_refuses_a_bad_batch_before_writing_any_of_it(
     with pytest.raises(ValueError):
         io.publish_files([good] * 65)
     assert list(tmp_path.iterdir()) == []
+
+
+# -- what a store reports (issue: lost publish races, full disks) --------------------
+def test_a_short_write_reports_the_kernels_reason_not_eio(io, tmp_path: Path) -> None:
+    """A short write is followed by a write of the rest, whose error says why
+    the file could not grow (here the file-size limit: EFBIG; a full disk: ENOSPC)."""
+    path, tmp = tmp_path / "obj.kvf", tmp_path / "obj.tmp"
+    with _file_size_limit(PAGE), pytest.raises(OSError) as info:
+        io.publish_file(str(tmp), str(path), [bytes(PAGE // 2), bytes(PAGE)], 0)
+    assert info.value.errno == errno.EFBIG and info.value.filename == str(tmp)
+    assert not path.exists() and not tmp.exists()
+
+
+@contextlib.contextmanager
+def _tmpfs(path: Path, size: int) -> Iterator[Path]:
+    """A real, small tmpfs at ``path`` (skips where mounting is not allowed)."""
+    path.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                       capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+def test_a_full_disk_is_no_space_left_not_an_io_error(io, tmp_path: Path) -> None:
+    with _tmpfs(tmp_path / "small", 256 << 10) as disk:
+        payload = os.urandom(48 << 10)
+        errors = []
+        for i in range(12):
+            try:
+                io.publish_file(str(disk / f"{i}.tmp"), str(disk / f"{i}.kvf"),
+                                [payload[:100], payload[100:]], 0)
+            except OSError as exc:
+                errors.append(exc)
+        assert errors, "the 256 KiB filesystem never filled up"
+        assert {e.errno for e in errors} == {errno.ENOSPC}
+        assert all(e.filename == str(disk / f"{12 - len(errors) + k}.tmp")
+                   for k, e in enumerate(errors))
+        assert not [p for p in disk.iterdir() if p.suffix == ".tmp"]
+        for p in disk.glob("*.kvf"):
+            assert p.read_bytes() == payload  # every published object is whole
+
+
+def test_the_fs_tier_reports_a_full_disk_as_no_space_left(tmp_path: Path) -> None:
+    from kvstore_tiers.backends.base import StoreItem
+    from kvstore_tiers.backends.fs import FileSystemBackend, FsConfig
+    from kvstore_tiers.codecs import CodecId
+    from kvstore_tiers.errors import TransientError
+    from kvstore_tiers.frame import FrameCodec
+    from kvstore_tiers.namespace import Namespace
+
+    with _tmpfs(tmp_path / "small", 1 << 20) as disk:
+        ns = Namespace.from_run_config({"model_name": "full-disk"})
+        backend = FileSystemBackend(FsConfig(root_dir=str(disk)), ns)
+        backend.open()
+        codec = FrameCodec(ns.digest, CodecId.NONE, backend.tuning.header_align)
+        row = memoryview(mmap.mmap(-1, 64 << 10))
+        results = []
+        for i in range(24):
+            key = i.to_bytes(32, "big") + bytes(4)
+            results += backend.store_many([StoreItem(ns.object_name(key), key, row)], codec)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        assert failed and all(isinstance(r, TransientError) for r in failed)
+        assert all("No space left on device" in str(r) for r in failed), failed[0]
+        backend.close()
+
+
+_RACE_SHIM = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <string.h>
+#include <unistd.h>
+
+/* rename() as a shared filesystem answers a writer that lost a publish race:
+ * another writer's copy of the same object lands first, then EEXIST. */
+int rename(const char *old, const char *new) {
+    static int (*real)(const char *, const char *);
+    size_t n = strlen(new);
+    if (n > 9 && strcmp(new + n - 9, ".race.kvf") == 0) {
+        if (link(old, new) != 0)
+            return -1;
+        errno = EEXIST;
+        return -1;
+    }
+    if (!real)
+        real = (int (*)(const char *, const char *))dlsym(RTLD_NEXT, "rename");
+    return real(old, new);
+}
+"""
+
+_RACE_CHILD = r"""
+import json, os, sys
+from kvstore_tiers.backends.fs import fileio, _fsio
+d = sys.argv[1]
+out = {}
+for label, publish in (("native", _fsio.publish_file), ("python", fileio.publish_file_py)):
+    tmp, path = f"{d}/{label}.tmp", f"{d}/{label}.race.kvf"
+    try:
+        out[label] = publish(tmp, path, [b"frame-", b"bytes"], 0)
+    except OSError as exc:
+        out[label] = f"{type(exc).__name__}: {exc}"
+    out[label + "_object"] = open(path, "rb").read().decode() if os.path.exists(path) else None
+    out[label + "_tmp_left"] = os.path.exists(tmp)
+print(json.dumps(out))
+"""
+
+
+def test_a_lost_publish_race_is_a_success(tmp_path: Path) -> None:
+    """A rename that reports EEXIST (another writer published the block first,
+    as NFS and some FUSE filesystems answer) is the object existing: 0, the
+    temp file gone, the other copy in place -- not a failed store."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build the rename shim")
+    (tmp_path / "shim.c").write_text(_RACE_SHIM)
+    shim = tmp_path / "shim.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "shim.c"), "-ldl"],
+                   check=True, capture_output=True)
+    work = tmp_path / "objects"
+    work.mkdir()
+    env = {**os.environ, "LD_PRELOAD": str(shim)}
+    r = subprocess.run([sys.executable, "-c", _RACE_CHILD, str(work)], env=env,
+                       capture_output=True, text=True, check=True, timeout=120)
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    for label in ("native", "python"):
+        assert out[label] == 0, out
+        assert out[label + "_object"] == "frame-bytes" and not out[label + "_tmp_left"]

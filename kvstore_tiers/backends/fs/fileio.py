@@ -3,8 +3,11 @@
 * :func:`publish_file` (tmp, path, buffers, flags) -> bytes written: 0 if
   ``path`` exists already (nothing is written: objects are content-addressed,
   so another writer's copy is as good); else create ``tmp`` exclusively, one
-  vectored write, close, rename to ``path``. A short write is EIO; on any
-  error ``tmp`` is removed and ``path`` is untouched.
+  vectored write, close, rename to ``path``. A rename that reports EEXIST
+  lost a publish race to another writer of the same object: 0, as if it had
+  existed. A short write is followed by a write of the rest, so the error
+  says why (ENOSPC on a full disk; EIO only when the kernel gives no reason).
+  On any error ``tmp`` is removed and ``path`` is untouched.
 * :func:`publish_files` (items) -> per item, bytes written or the OSError:
   :func:`publish_file` for each (tmp, path, buffers, flags), errors returned
   rather than raised, so one full disk or missing directory fails its own
@@ -78,16 +81,21 @@ def publish_file_py(tmp: str, path: str, buffers: Sequence[Buffer], flags: int) 
     try:
         try:
             n = os.writev(fd, buffers)
+            total = sum(len(b) for b in buffers)
+            if n != total:  # the filesystem is full or failing: the rest says why
+                _write_rest(fd, buffers, n)
+                n = total
         except OSError as exc:
             exc.filename = tmp
             raise
         finally:
             os.close(fd)
-        total = sum(len(b) for b in buffers)
-        if n != total:
-            raise OSError(errno.EIO, f"short write ({n} of {total} bytes)", tmp)
         try:
             os.replace(tmp, path)
+        except FileExistsError:
+            # Another writer published the same object first: it is there.
+            os.unlink(tmp)
+            return 0
         except OSError as exc:
             exc.filename, exc.filename2 = path, None  # name the target, as the C call does
             raise
@@ -96,6 +104,21 @@ def publish_file_py(tmp: str, path: str, buffers: Sequence[Buffer], flags: int) 
             os.unlink(tmp)
         raise
     return n
+
+
+def _write_rest(fd: int, buffers: Sequence[Buffer], done: int) -> None:
+    """After a short write of ``done`` bytes, write the rest, so a failure
+    raises the kernel's reason (ENOSPC on a full disk) rather than a bare
+    short count; EIO if a write makes no progress without one."""
+    for buf in buffers:
+        with memoryview(buf) as view:
+            rest = view.cast("B")[done:] if done < view.nbytes else view[:0]
+            done = max(0, done - view.nbytes)
+            while len(rest):
+                w = os.write(fd, rest)
+                if w == 0:
+                    raise OSError(errno.EIO, "write made no progress")
+                rest = rest[w:]
 
 
 #: Most files one :func:`publish_files` or :func:`read_files` call takes.
@@ -144,7 +167,7 @@ read_files: Callable[[Sequence[ReadItem]], list[tuple[int, int] | OSError]] = re
 exists_files: Callable[[Sequence[str]], list[bool]] = exists_files_py
 if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
     with contextlib.suppress(ImportError):  # not compiled here: the Python set
-        from kvstore_tiers.backends._fsio import (
+        from kvstore_tiers.backends.fs._fsio import (
             exists_files,
             publish_file,
             publish_files,

@@ -31,10 +31,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from kvstore_tiers.backends.fs.layout import walk_objects
+
 logger = logging.getLogger(__name__)
 
 _U64 = struct.Struct("<Q")
-SUFFIX = ".kvf"
 
 
 @contextlib.contextmanager
@@ -49,19 +50,6 @@ def _flock(path: Path, blocking: bool = True) -> Iterator[bool]:
         yield True
     finally:
         os.close(fd)  # releases the lock
-
-
-def walk_objects(base: Path | str) -> Iterator[tuple[str, os.stat_result]]:
-    """(path, stat) of every object file under ``base``; files that vanish are skipped."""
-    for dirpath, _dirs, files in os.walk(base):
-        for fn in files:
-            if not fn.endswith(SUFFIX):
-                continue
-            path = os.path.join(dirpath, fn)
-            try:
-                yield path, os.stat(path)
-            except FileNotFoundError:
-                continue
 
 
 def scan(base: Path) -> tuple[int, list[tuple[float, int, str]]]:

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from vllm.v1.kv_offload.base import LookupResult
 
-from kvstore_tiers.backends import fs_io
+from kvstore_tiers.backends.fs import fileio
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.harness import make_keys
 
-from ..conftest import rows_like
+from ...conftest import rows_like
 
 ROW = 16384
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
@@ -30,18 +30,18 @@ def _objects(root: Path) -> list[Path]:
 
 @pytest.fixture(params=["native", "python"])
 def io_path(request, monkeypatch) -> str:
-    """Run a test over both of the fs tier's I/O paths (kvstore_tiers.backends.fs_io):
+    """Run a test over both of the fs tier's I/O paths (kvstore_tiers.backends.fs.fileio):
     the compiled ``_fsio`` calls and their pure-Python twins."""
-    from kvstore_tiers.backends import _fsio
+    from kvstore_tiers.backends.fs import _fsio
 
     native = request.param == "native"
-    monkeypatch.setattr(fs_io, "publish_file",
-                        _fsio.publish_file if native else fs_io.publish_file_py)
-    monkeypatch.setattr(fs_io, "publish_files",
-                        _fsio.publish_files if native else fs_io.publish_files_py)
-    monkeypatch.setattr(fs_io, "read_files", _fsio.read_files if native else fs_io.read_files_py)
-    monkeypatch.setattr(fs_io, "exists_files",
-                        _fsio.exists_files if native else fs_io.exists_files_py)
+    monkeypatch.setattr(fileio, "publish_file",
+                        _fsio.publish_file if native else fileio.publish_file_py)
+    monkeypatch.setattr(fileio, "publish_files",
+                        _fsio.publish_files if native else fileio.publish_files_py)
+    monkeypatch.setattr(fileio, "read_files", _fsio.read_files if native else fileio.read_files_py)
+    monkeypatch.setattr(fileio, "exists_files",
+                        _fsio.exists_files if native else fileio.exists_files_py)
     return request.param
 
 
@@ -99,13 +99,13 @@ def test_stores_are_published_eight_files_per_call(harness_factory, tmp_path, mo
     # busy engine (docs/benchmarks.md, session 9); each file keeps its own outcome.
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=32,
                         chunk_bytes=ROW)
-    real, calls = fs_io.publish_files, []
+    real, calls = fileio.publish_files, []
 
     def counting(items):
         calls.append(len(items))
         return real(items)
 
-    monkeypatch.setattr(fs_io, "publish_files", counting)
+    monkeypatch.setattr(fileio, "publish_files", counting)
     keys, rows = make_keys(20, seed=8), rows_like(20, ROW)
     h.store_all(keys, rows)
     assert sorted(calls) == [4, 8, 8]
@@ -127,13 +127,13 @@ def test_a_load_job_goes_wide_first_then_eight_files_per_call(harness_factory, t
     h.store_all(small, rows_small)
     h.store_all(big, rows_big)
     h.forget_primary()
-    real, calls = fs_io.read_files, []
+    real, calls = fileio.read_files, []
 
     def counting(items):
         calls.append(len(items))
         return real(items)
 
-    monkeypatch.setattr(fs_io, "read_files", counting)
+    monkeypatch.setattr(fileio, "read_files", counting)
     for keys, rows, expect in ((small, rows_small, [2] + [3] * 6),  # 20 over 8 threads
                                (big, rows_big, [8] * 16)):
         calls.clear()
@@ -153,8 +153,8 @@ def test_a_load_task_carries_at_most_two_mib(harness_factory, tmp_path, monkeypa
     keys, rows = make_keys(24, seed=11), rows_like(24, mib)
     h.store_all(keys, rows)
     h.forget_primary()
-    real, calls = fs_io.read_files, []
-    monkeypatch.setattr(fs_io, "read_files", lambda items: calls.append(len(items)) or real(items))
+    real, calls = fileio.read_files, []
+    monkeypatch.setattr(fileio, "read_files", lambda items: calls.append(len(items)) or real(items))
     ctx = h.new_request()
     assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 24
     assert calls == [2] * 12
@@ -282,15 +282,15 @@ def test_store_errors_fail_the_job_and_the_tier_stays_usable(
     harness_factory, tmp_path, monkeypatch
 ) -> None:
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)
-    real_publish = fs_io.publish_files
+    real_publish = fileio.publish_files
     # ENOSPC and EACCES cannot be had on demand here (the tests run as root
     # on a roomy disk): injected where the one publish call returns them.
     for code in (errno.ENOSPC, errno.EIO, errno.EACCES):
         def failing(items, _code=code):
             return [OSError(_code, os.strerror(_code), it[0]) for it in items]
-        monkeypatch.setattr(fs_io, "publish_files", failing)
+        monkeypatch.setattr(fileio, "publish_files", failing)
         h.store_all(make_keys(2, seed=code), rows_like(2, ROW))
-        monkeypatch.setattr(fs_io, "publish_files", real_publish)
+        monkeypatch.setattr(fileio, "publish_files", real_publish)
     tier = h.tiers[0]
     assert tier.counters.store_failures == 6 and tier.counters.objects_stored == 0
     keys, rows = make_keys(3, seed=1000), rows_like(3, ROW)
@@ -339,7 +339,7 @@ def test_load_io_error_is_a_failed_key_not_an_exception(
 
     # A load batch is one compiled call (or its Python twin), which returns
     # each file's error: inject there.
-    monkeypatch.setattr(fs_io, "read_files", eio)
+    monkeypatch.setattr(fileio, "read_files", eio)
     ctx = h.new_request()
     assert h.lookup_until_resolved(keys, ctx)[0] == [MISS] * 3
     assert h.tiers[0].counters.load_failures == 3
@@ -365,7 +365,7 @@ def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
     tier = h.tiers[0]
     keys = make_keys(4, seed=31)
     ctx = ReqContext(req_id="r1")
-    gate, real_publish = threading.Event(), fs_io.publish_files
+    gate, real_publish = threading.Event(), fileio.publish_files
 
     def gated_publish(items):
         assert gate.wait(30)
@@ -374,7 +374,7 @@ def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
                 if len(it[2][1]) == ROW and bytes(it[2][1][:1]) == b"\x03"
                 else real_publish([it])[0] for it in items]
 
-    monkeypatch.setattr(fs_io, "publish_files", gated_publish)
+    monkeypatch.setattr(fileio, "publish_files", gated_publish)
     for i in range(4):
         h.view[i] = i
     with h.locked():
@@ -398,7 +398,7 @@ def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
         assert keys[3] not in tier._presence
         assert tier.counters.objects_stored == 3 and tier.counters.store_failures == 1
     # A later store of the failed key writes it (the disk works again).
-    monkeypatch.setattr(fs_io, "publish_files", real_publish)
+    monkeypatch.setattr(fileio, "publish_files", real_publish)
     h.view[3] = 9
     with h.locked():
         tier.submit_store(TransferJob(3, keys[3:], np.arange(3, 4), False, ctx))

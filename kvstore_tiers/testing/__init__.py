@@ -1,0 +1,1 @@
+"""Test suites shipped with kvstore-tiers for backend authors (they need pytest)."""
