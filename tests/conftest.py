@@ -1,4 +1,5 @@
-"""Shared fixtures: the real KV samples and vLLM harnesses that clean up after themselves."""
+"""Shared fixtures: the real KV samples, vLLM harnesses that clean up after themselves,
+and the real servers of tests/servers.py (redis-server, Redis Cluster, moto S3)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,17 @@ import numpy as np
 import pytest
 
 from kvstore_tiers import samples
+from tests.servers import (  # noqa: F401  (fixtures for every test folder)
+    _fake_aws_env,
+    bucket,
+    moto_endpoint,
+    proxy,
+    redis_cluster,
+    redis_server,
+    redis_server_factory,
+    s3,
+    tier_config,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 KV_SAMPLES_DIR = samples.default_dir()

@@ -14,7 +14,8 @@ def bucket_rules(tier: dict[str, Any]) -> list[dict[str, Any]]:
     """The lifecycle rules of the tier's bucket (empty when it has none)."""
     from botocore.exceptions import ClientError
 
-    from kvstore_tiers.backends.s3_admin import as_config, error_code, make_sync_client
+    from kvstore_tiers.backends.s3.client import error_code, make_sync_client
+    from kvstore_tiers.backends.s3.config import as_config
 
     cfg = as_config(tier)
     client = make_sync_client(cfg)
@@ -29,7 +30,7 @@ def bucket_rules(tier: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _rule_row(rule: dict[str, Any]) -> dict[str, Any]:
-    from kvstore_tiers.backends.s3_admin import LIFECYCLE_RULE_PREFIX
+    from kvstore_tiers.backends.s3.lifecycle import LIFECYCLE_RULE_PREFIX
 
     flt = rule.get("Filter") or {}
     prefix = flt.get("Prefix", (flt.get("And") or {}).get("Prefix", rule.get("Prefix", "")))
@@ -70,7 +71,7 @@ def lifecycle(days: int | None, as_json: bool, **store: Any) -> None:
             raise click.UsageError(f"{tier_title(tier)}: lifecycle rules are an S3 feature")
         with store_errors(tier):
             if days is not None:
-                from kvstore_tiers.backends.s3_admin import install_lifecycle
+                from kvstore_tiers.backends.s3 import install_lifecycle
 
                 install_lifecycle(tier, days)
             out.append((tier, [_rule_row(r) for r in bucket_rules(tier)]))

@@ -1,5 +1,5 @@
-"""Fixtures of the command-line tests: a populated fs store, a CLI runner, and the
-real redis-server / moto S3 fixtures of the backend test packages (shared by import)."""
+"""Fixtures of the command-line tests: a populated fs store and a CLI runner (the real
+redis-server / moto S3 fixtures come from tests/servers.py through tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner, Result
-
-from ..redis.conftest import redis_server, redis_server_factory  # noqa: F401
-from ..s3.conftest import _fake_aws_env, bucket, moto_endpoint, s3, tier_config  # noqa: F401
 
 ROW = 16 << 10  # bytes per block in these tests: small, so every test stays fast
 

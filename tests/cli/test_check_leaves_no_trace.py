@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..redis.conftest import RedisServer
+from ..servers import RedisServer
 from .conftest import invoke, populate
 
 

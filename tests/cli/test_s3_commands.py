@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from ..s3.conftest import FAKE_SECRET, free_port
+from ..servers import FAKE_SECRET, free_port
 from .conftest import invoke, populate
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from e2e_helpers import DISTINCT_CHUNKS, assert_served_from_tier, run, tier_counters
 
-from tests.redis.conftest import RedisServer
+from tests.servers import RedisServer
 
 pytestmark = pytest.mark.engine
 

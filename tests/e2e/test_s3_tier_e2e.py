@@ -20,7 +20,7 @@ from e2e_helpers import DISTINCT_CHUNKS, assert_served_from_tier, run, tier_coun
 pytest.importorskip("aiobotocore")
 pytest.importorskip("moto")
 
-from tests.s3.conftest import FAKE_KEY_ID, FAKE_SECRET, run_moto, s3_client
+from tests.servers import FAKE_KEY_ID, FAKE_SECRET, run_moto, s3_client
 
 pytestmark = pytest.mark.engine
 

@@ -1,7 +1,7 @@
 """Fixtures of the fault matrix, and the summary table printed at the end of the run.
 
-The s3 and redis fixtures are imported from their own test packages (moto
-server, fault proxy, real redis-server processes), not duplicated.
+The s3 and redis server fixtures come from tests/servers.py (through
+tests/conftest.py), not duplicated.
 """
 
 from __future__ import annotations
@@ -14,8 +14,6 @@ from typing import Any
 
 import pytest
 
-from ..redis.conftest import redis_server_factory  # noqa: F401  (fixture)
-from ..s3.conftest import _fake_aws_env, moto_endpoint, proxy  # noqa: F401  (fixtures)
 from .common import SCORES
 
 

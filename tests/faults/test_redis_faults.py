@@ -1,4 +1,15 @@
-"""Fault matrix, redis backend: real redis-server (tests/redis/conftest.py) and a RESP proxy."""
+"""Fault matrix, redis backend: real redis-server (tests/servers.py) and a RESP proxy.
+
+A stalled server (replies held by the RESP proxy): the proxy forwards every
+command to redis-server but holds its replies -- what a client sees of a hung
+or badly delayed server -- then lets them through late. With
+``load_timeout_s`` set, a load whose replies are held is reported failed at
+its deadline (a MISS: the request recomputes), never as wrong bytes or an
+exception to vLLM; the late replies that arrive after the deadline are
+discarded (the rows the job owned went to other blocks); a store whose
+replies are held fails after ``socket_timeout_s`` without holding the
+scheduler; and once the proxy heals, the same tier serves everything again.
+"""
 
 from __future__ import annotations
 
@@ -6,16 +17,21 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import redis
+import redis.cluster
 
 from kvstore_tiers.harness import make_keys
+from kvstore_tiers.health import CircuitBreaker
 
-from ..redis.conftest import RedisServer
+from ..servers import RedisCluster, RedisServer
 from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix
 from .respproxy import RespProxy
 
 BACKEND = "redis"
 FAST = {"socket_timeout_s": 1.0, "connect_timeout_s": 0.5, "retries": 0,
         "failure_threshold": 1000}
+#: A stalled server: loads fail at ``load_timeout_s``.
+STALL = {**FAST, "load_timeout_s": 0.3, "n_read_threads": 2, "n_write_threads": 1}
 
 
 @pytest.fixture
@@ -108,5 +124,140 @@ def test_tampered_and_expiring_objects(server: RedisServer) -> None:
     d = _driver(server.url)
     try:
         run_tamper_matrix(d, seed=46)
+    finally:
+        assert d.close() == 0
+
+
+def test_stalled_replies_fail_loads_at_deadline_and_stores_then_recover(
+        proxy: RespProxy) -> None:
+    d = Driver(BACKEND, [{"type": "redis", "url": proxy.url, **STALL}],
+               num_chunks=16, chunk_bytes=65536)
+    try:
+        keys = make_keys(4, seed=61)
+        d.store(keys, rows_for(keys, d.row_bytes))
+        d.forget_primary()
+
+        # -- loads: replies held past the deadline ---------------------------------
+        proxy.stall()
+        timeouts = d.tier.load_timeouts
+        assert d.fetch(keys, max_wait_s=10) == [MISS] * 4
+        assert d.tier.load_timeouts > timeouts, "the loads did not fail at their deadline"
+        assert proxy.held > 0, "no reply was held: the loads never reached redis"
+        d.score.fault("stall_during_load", proxy.held)
+
+        # The expired job's rows are free: other blocks take them now. Then the
+        # held replies arrive (late, within socket_timeout_s): the stuck load
+        # threads must discard what they read, not write these rows.
+        others = d.reuse_expired_rows(seed=62, release=proxy.heal)
+
+        # -- stores: replies held past socket_timeout_s ------------------------------
+        held = proxy.held
+        failures = d.tier.counters.store_failures
+        more = make_keys(4, seed=63)
+        more_rows = rows_for(more, d.row_bytes)
+        proxy.stall()
+        d.store(more, more_rows)  # the SETs reach redis; their replies never come
+        assert d.tier.counters.store_failures > failures, "stalled stores did not fail"
+        d.score.fault("stall_during_store", proxy.held - held)
+
+        # -- healed: the same tier serves everything again -----------------------------
+        proxy.heal()
+        d.forget_primary()
+        d.store(more, more_rows)  # kept or rewritten: same bytes (content-addressed)
+        d.forget_primary()
+        for group in (keys, others, more):
+            assert d.fetch(group, max_wait_s=20) == [HIT] * 4
+        assert d.score.wrong_bytes == 0
+        assert d.tier.counters.corrupt_objects == 0
+    finally:
+        proxy.heal()
+        assert d.close() == 0
+
+
+# -- Redis Cluster: one master killed ----------------------------------------------------------
+def _owners(cluster: RedisCluster, tier: Any, keys: list[bytes]) -> list[int]:
+    """The port of the master that holds each block's slot (asked before any kill)."""
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[1].port)
+    try:
+        return [client.get_node_from_key(f"kvstore:{tier.namespace.object_name(k)}").port
+                for k in keys]
+    finally:
+        client.close()
+
+
+def _cluster_cfg(cluster: RedisCluster, **kw: Any) -> dict[str, Any]:
+    return {"type": "redis", "nodes": cluster.addresses, "pipeline_batch": 16,
+            "socket_timeout_s": 1.0, "connect_timeout_s": 0.5, "retries": 0, **kw}
+
+
+def test_shutdown_after_a_cluster_node_failure_unmaps_the_primary(
+        redis_cluster: RedisCluster) -> None:
+    """Errors of the dead node's keys must not keep views of vLLM's primary alive."""
+    d = Driver(BACKEND, [_cluster_cfg(redis_cluster, failure_threshold=1000)],
+               num_chunks=48, chunk_bytes=8192)
+    closed = False
+    try:
+        keys = make_keys(32, seed=51)
+        d.store(keys, rows_for(keys, d.row_bytes))
+        down = redis_cluster.nodes[0]
+        owners = _owners(redis_cluster, d.tier, keys)
+        assert 0 < owners.count(down.port) < len(keys)
+        d.forget_primary()
+        down.kill()
+        d.score.fault("cluster_master_killed_then_shutdown")
+        res = d.fetch(keys)
+        assert [r == HIT for r in res] == [p != down.port for p in owners]
+        mm = d.h.spec._scheduler_mmap.mmap_obj
+        assert d.close() == 0
+        closed = True
+        with pytest.raises(ValueError):  # closed: no kept error held a view of it
+            len(mm)
+    finally:
+        if not closed:
+            d.close()
+
+
+@pytest.mark.parametrize("breaker", [
+    pytest.param({"failure_threshold": 1000}, id="backend"),
+    pytest.param({}, id="default-breaker", marks=pytest.mark.skipif(
+        not hasattr(CircuitBreaker, "record_keys"),
+        reason="needs the circuit breaker that counts a job by its keys")),
+])
+def test_a_dead_cluster_master_costs_only_its_own_keys(redis_cluster: RedisCluster,
+                                                       breaker: dict[str, Any]) -> None:
+    """Three masters, ``cluster-require-full-coverage no``, one killed: lookups, loads and
+    stores of keys on the live masters keep working, per node, not per batch -- with the
+    breaker out of the way (what the backend does) and at its defaults (the whole tier)."""
+    d = Driver(BACKEND, [_cluster_cfg(redis_cluster, **breaker)], num_chunks=96,
+               chunk_bytes=8192)
+    try:
+        keys = make_keys(32, seed=52)
+        d.store(keys, rows_for(keys, d.row_bytes))
+        down = redis_cluster.nodes[0]
+        owners = _owners(redis_cluster, d.tier, keys)
+        live = [p != down.port for p in owners]
+        down.kill()
+        d.score.fault(f"cluster_master_killed_{'breaker_off' if breaker else 'defaults'}")
+        # Each round six requests store new blocks (spread over every master, so nearly
+        # every store job has keys on the dead one), then a request reads the old ones.
+        rounds, live_hits, dead_hits, stored, stored_live = 6, 0, 0, 0, 0
+        for r in range(rounds):
+            for j in range(6):
+                more = make_keys(8, seed=1000 + 10 * r + j)
+                more_owners = _owners(redis_cluster, d.tier, more)
+                before = d.tier.counters.objects_stored
+                d.store(more, rows_for(more, d.row_bytes), expect=False)
+                stored += d.tier.counters.objects_stored - before
+                stored_live += sum(p != down.port for p in more_owners)
+            d.forget_primary()
+            res = d.fetch(keys)
+            live_hits += sum(h == HIT for h, ok in zip(res, live, strict=True) if ok)
+            dead_hits += sum(h == HIT for h, ok in zip(res, live, strict=True) if not ok)
+        rate = live_hits / (rounds * sum(live))
+        print(f"redis cluster, one master of three killed ({breaker or 'default breaker'}): "
+              f"hit rate of keys on the live masters {rate:.1%} over {rounds} rounds of "
+              f"{len(keys)} keys; {stored} of {stored_live} new blocks for live masters stored")
+        assert dead_hits == 0 and rate >= 0.99
+        assert stored == stored_live
     finally:
         assert d.close() == 0

@@ -13,7 +13,7 @@ pytest.importorskip("aiobotocore")
 from kvstore_tiers.harness import make_keys
 
 from ..faults.common import HIT, MISS, Driver, rows_for
-from ..s3.conftest import FAKE_KEY_ID, FAKE_SECRET
+from ..servers import FAKE_KEY_ID, FAKE_SECRET
 
 
 def _tier(endpoint: str, bucket: str, env: str) -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ import pytest
 from kvstore_tiers.harness import build_harness, make_keys
 
 from ..faults.common import rows_for
-from ..s3.conftest import FAKE_KEY_ID, FAKE_SECRET
+from ..servers import FAKE_KEY_ID, FAKE_SECRET
 
 ENC_KEY = os.urandom(32).hex()
 REDIS_PASSWORD = "redis-Pa55-do-not-log-9137"

@@ -20,7 +20,8 @@ from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.harness import make_keys
 
-from .conftest import RedisServer, random_rows
+from ...conftest import rows_like as random_rows
+from ...servers import RedisServer
 
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 ROW = 64 << 10

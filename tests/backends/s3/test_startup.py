@@ -13,11 +13,11 @@ import boto3
 import numpy as np
 import pytest
 
-from kvstore_tiers.backends.s3_admin import as_config
+from kvstore_tiers.backends.s3.config import as_config
 from kvstore_tiers.errors import ConfigError
 
-from .conftest import free_port, run_moto
-from .faultproxy import FaultProxy
+from ...faults.faultproxy import FaultProxy
+from ...servers import free_port, run_moto
 from .s3_helpers import HIT, fetch, harness, make_keys, random_rows
 
 SECRET = "s3cr3t/Value+ThatMustNeverLeak0000000000"

@@ -14,7 +14,7 @@ from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.harness import make_keys
 
-from .conftest import random_rows
+from ...conftest import rows_like as random_rows
 
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 

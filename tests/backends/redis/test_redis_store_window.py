@@ -13,9 +13,9 @@ import pytest
 import redis
 from redis.backoff import ExponentialBackoff
 
-from kvstore_tiers.backends.redis_fastio import FastIO
+from kvstore_tiers.backends.redis.fastio import FastIO
 
-from .conftest import RedisServer
+from ...servers import RedisServer
 
 VALUE = 256 << 10
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import yaml
 
-from kvstore_tiers.backends.s3_admin import as_config
+from kvstore_tiers.backends.s3.config import as_config
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_compose_has_minio_with_bucket_init_and_redis() -> None:

@@ -10,6 +10,8 @@ from vllm.v1.kv_offload.base import LookupResult
 from kvstore_tiers import samples
 from kvstore_tiers.harness import Harness, build_harness, make_keys
 
+from ...conftest import rows_like as random_rows
+
 SAMPLES = samples.default_dir()
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 
@@ -19,8 +21,6 @@ def harness(cfg: dict[str, Any], *, num_chunks: int = 32, chunk_bytes: int = 163
     return build_harness([cfg], num_chunks=num_chunks, chunk_bytes=chunk_bytes, **kw)
 
 
-def random_rows(n: int, row_bytes: int, seed: int = 0) -> np.ndarray:
-    return np.random.default_rng(seed).integers(0, 256, (n, row_bytes), dtype=np.uint8)
 
 
 

@@ -1,4 +1,4 @@
-"""The s3 backend: one S3 object per block, on AWS S3 or any S3-compatible server.
+"""The s3 backend class: one S3 object per block, on AWS S3 or any S3-compatible server.
 
 Layout: ``s3://<bucket>/<prefix><namespace>/<hash[:3]>/<hash>_g<g>.kvf``
 (:meth:`Namespace.object_name`), plus ``<prefix><namespace>/config.json``
@@ -6,18 +6,18 @@ describing the namespace. The two hash-derived levels spread keys across
 S3's per-prefix request-rate partitions.
 
 Data path (put/get/exists/delete): aiobotocore on ONE event-loop thread
-owned by the backend. The core's I/O pool threads call the synchronous
+owned by the backend (:class:`.client.EventLoop`). The core's I/O pool threads call the synchronous
 methods below, which submit a coroutine to that loop and wait for it with a
 deadline (``request_deadline_s``). An ``asyncio.Semaphore`` of
 ``max_concurrency`` bounds the requests in flight, so hundreds of requests
-overlap without a thread each. ``tuning.load_batch`` chunks reach one pool task and
-go out concurrently (``store_many``/``load_many``/``exists_many`` gather).
+overlap without a thread each. The chunks of one pool task (``tuning``) go
+out concurrently (``store_many``/``load_many``/``exists_many`` gather).
 Frame encoding and decoding stay on the pool threads (zstd and CRC-32C release
 the GIL), the loop thread only does HTTP. docs/s3.md has the measurement
 behind this choice (boto3 on threads vs aiobotocore on the same server).
 
-Admin paths (startup probe, bucket creation, lifecycle, listing, gc) use
-boto3: :mod:`kvstore_tiers.backends.s3_admin`.
+Admin paths use boto3: the start-up probe and bucket creation in
+:mod:`.probe`, listing and lifecycle expiry in :mod:`.lifecycle`.
 
 * Atomic publish: one PutObject per block; S3 makes an object visible only
   once whole. With ``If-None-Match: *`` (probed at startup) an existing
@@ -39,7 +39,6 @@ boto3: :mod:`kvstore_tiers.backends.s3_admin`.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -59,37 +58,25 @@ from kvstore_tiers.backends.base import (
     classify,
     encode_batch,
 )
-from kvstore_tiers.backends.s3_admin import (
-    MAX_SINGLE_PUT,
-    GcResult,
-    S3Config,
+from kvstore_tiers.backends.s3.client import (
+    EventLoop,
     client_config,
     client_kwargs,
     error_code,
-    put_extra_args,
-    scrub,
 )
-from kvstore_tiers.backends.s3_admin import gc as _gc
-from kvstore_tiers.backends.s3_admin import install_lifecycle as _install_lifecycle
-from kvstore_tiers.backends.s3_admin import iter_objects as _iter_objects
-from kvstore_tiers.backends.s3_admin import probe as _probe
+from kvstore_tiers.backends.s3.config import MAX_SINGLE_PUT, S3Config, put_extra_args, scrub
+from kvstore_tiers.backends.s3.lifecycle import iter_objects as _iter_objects
+from kvstore_tiers.backends.s3.probe import probe as _probe
 from kvstore_tiers.errors import ObjectMissing, TransientError
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
-__all__ = ["GcResult", "S3Backend", "S3Config", "gc", "install_lifecycle"]
-
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-gc = _gc
-install_lifecycle = _install_lifecycle
-
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
-
-
-class _Unconditional(Exception):
-    """The server refused If-None-Match; retry the PUT without it."""
+#: Keys per DeleteObjects request (the S3 limit).
+DELETE_BATCH = 1000
 
 
 class NegativeCache:
@@ -132,6 +119,7 @@ class S3Backend(Backend):
     name = "s3"
     config_model = S3Config
     remote = True
+    supports_delete_many = True
 
     @property
     def tuning(self) -> IOTuning:
@@ -145,8 +133,7 @@ class S3Backend(Backend):
         self.prefix = config.key_prefix
         self.conditional_put = config.conditional_put
         self._put_extra = put_extra_args(config)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop = EventLoop("kvstore_s3_loop")
         self._client: Any = None
         self._client_ctx: Any = None
         self._sem: asyncio.Semaphore | None = None
@@ -164,37 +151,12 @@ class S3Backend(Backend):
                            "verified (set ca_bundle instead outside tests)", self.config.where)
         result = _probe(self.config, getattr(ns, "name", None), getattr(ns, "run_config", None))
         self.conditional_put = result.conditional_put
-        self._start_loop()
+        self._loop.start()
         try:
             self._run(self._open_client(), timeout=30.0)
         except BaseException:
             self.close()
             raise
-
-    def _start_loop(self) -> None:
-        loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def main() -> None:
-            asyncio.set_event_loop(loop)
-            loop.call_soon(ready.set)
-            loop.run_forever()
-            # Stopped by close(): let cancelled tasks unwind, then close.
-            pending = asyncio.all_tasks(loop)
-            for task in pending:
-                task.cancel()
-            if pending:
-                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-            # aiohttp resolves host names in the loop's default executor: join
-            # its threads, or every closed backend leaves one behind.
-            with contextlib.suppress(Exception):
-                loop.run_until_complete(loop.shutdown_default_executor())
-            loop.close()
-
-        self._loop = loop
-        self._thread = threading.Thread(target=main, name="kvstore_s3_loop", daemon=True)
-        self._thread.start()
-        ready.wait()
 
     async def _open_client(self) -> None:
         from aiobotocore.config import AioConfig
@@ -220,15 +182,10 @@ class S3Backend(Backend):
 
     def close(self) -> None:
         """Close the client and stop the loop thread. Idempotent."""
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        if self._client_ctx is not None and loop.is_running():
+        if self._client_ctx is not None and self._loop.running:
             with contextlib.suppress(Exception):
                 self._run(self._close_client(), timeout=10.0)
-        self._loop = self._thread = None
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10.0)
+        self._loop.stop()
 
     def describe(self) -> str:
         c = self.config
@@ -240,18 +197,7 @@ class S3Backend(Backend):
     # -- loop plumbing -----------------------------------------------------------
     def _run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the loop from a calling thread, within the deadline."""
-        loop = self._loop
-        if loop is None:
-            coro.close()
-            raise TransientError("s3 backend is closed")
-        fut = asyncio.run_coroutine_threadsafe(coro, loop)
-        try:
-            return fut.result(timeout=timeout or self.config.request_deadline_s)
-        except concurrent.futures.TimeoutError:
-            fut.cancel()
-            raise TransientError(
-                f"s3 requests did not finish within {timeout or self.config.request_deadline_s}s"
-            ) from None
+        return self._loop.run(coro, timeout or self.config.request_deadline_s)
 
     def _error(self, exc: BaseException, what: str) -> BaseException:
         """Map a client exception onto ObjectMissing/TransientError (secrets scrubbed)."""
@@ -322,6 +268,15 @@ class S3Backend(Backend):
         async with self._sem:
             await self._client.delete_object(Bucket=self.bucket, Key=key)
 
+    async def _delete_batch(self, keys: Sequence[str]) -> list[str]:
+        """One DeleteObjects request; returns the S3 error codes of keys it could not delete."""
+        assert self._sem is not None
+        async with self._sem:
+            resp = await self._client.delete_objects(
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": k} for k in keys], "Quiet": True})
+        return [str(e.get("Code", "?")) for e in resp.get("Errors", ())]
+
     async def _gather(self, coros: Sequence[Coroutine[Any, Any, Any]]) -> list[Any]:
         return await asyncio.gather(*coros, return_exceptions=True)
 
@@ -387,6 +342,31 @@ class S3Backend(Backend):
             if not isinstance(err, ObjectMissing):
                 raise err from exc
 
+    def delete_many(self, names: Sequence[str]) -> None:
+        """``DeleteObjects`` with up to 1,000 keys per request, the requests concurrent.
+
+        Missing objects are not an error (S3 reports them deleted); any key
+        the server could not delete makes this a TransientError naming how
+        many, after every request was tried.
+        """
+        keys = [self.prefix + n for n in names]
+        batches = [keys[i : i + DELETE_BATCH] for i in range(0, len(keys), DELETE_BATCH)]
+        if not batches:
+            return
+        try:
+            results = self._run(self._gather([self._delete_batch(b) for b in batches]))
+        except TransientError:
+            raise
+        except Exception as exc:
+            raise self._error(exc, f"DeleteObjects of {len(keys)} keys") from None
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            raise self._error(failed[0], f"DeleteObjects of {len(keys)} keys") from None
+        codes = [c for r in results for c in r]
+        if codes:
+            raise TransientError(f"DeleteObjects: {len(codes)} of {len(keys)} keys not "
+                                 f"deleted ({', '.join(sorted(set(codes)))})")
+
     def iter_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """Objects under ``<config prefix><prefix>`` (boto3 listing; admin use)."""
         return _iter_objects(self.config, prefix)
@@ -421,9 +401,6 @@ class S3Backend(Backend):
         """
         if not items:
             return []
-        loop = self._loop
-        if loop is None:
-            return [classify(TransientError("s3 backend is closed"))] * len(items)
         # queue.Queue, not SimpleQueue: CPython 3.11's SimpleQueue.get(timeout=)
         # can wait past its deadline (see kvstore_tiers.pool), and this
         # timeout is the batch's request_deadline_s.
@@ -439,7 +416,10 @@ class S3Backend(Backend):
             await asyncio.gather(*(one(i, self.prefix + it.name) for i, it in enumerate(items)))
 
         deadline_s = self.config.request_deadline_s
-        fut = asyncio.run_coroutine_threadsafe(batch(), loop)
+        try:
+            fut = self._loop.submit(batch())
+        except TransientError as exc:
+            return [exc] * len(items)
         deadline = time.monotonic() + deadline_s
         out: list[int | BaseException] = [0] * len(items)
         pending = set(range(len(items)))
@@ -465,10 +445,3 @@ class S3Backend(Backend):
             except Exception as exc:
                 out[i] = classify(exc)
         return out
-
-    # -- administration ----------------------------------------------------------
-    def gc(self, max_age_s: float | None = None, max_bytes: int | None = None,
-           dry_run: bool = False) -> GcResult:
-        """Garbage-collect this backend's namespace (see :func:`s3_admin.gc`)."""
-        return _gc(self.config, max_age_s=max_age_s, max_bytes=max_bytes,
-                   namespace=self.namespace.name, dry_run=dry_run)

@@ -1,35 +1,45 @@
-"""Real redis-server processes for the redis tier tests.
+"""Real servers on loopback for every test that needs one, in one place.
 
-Every server listens on 127.0.0.1 on a free port, without persistence
-(``--save "" --appendonly no``), in a per-test temporary directory, and is
-stopped by PID at the end of the test. ``RedisServer.restart()`` brings a
-server back on the same port (empty: there is no persistence), as after a
-crash. ``redis_cluster`` builds a real three-master Redis Cluster.
+* redis: :class:`RedisServer` (one ``redis-server`` process on a free
+  127.0.0.1 port, without persistence (``--save "" --appendonly no``), in a
+  per-test directory, stopped by PID at the end; ``restart()`` brings it back
+  on the same port, empty, as after a crash) and :class:`RedisCluster` (a
+  real three-master Redis Cluster built by ``redis-cli --cluster create``).
+* s3: ``moto_server`` from the venv's bin directory (:func:`run_moto`; the
+  ``moto_endpoint`` fixture starts one per test run and stops it by PID);
+  every test gets its own bucket (``bucket``), so tests never see each
+  other's objects. Fake credentials are given through the tier config (and
+  the environment, for boto3 clients the tests build themselves).
+
+``tests/conftest.py`` makes the fixtures below available to every test
+folder; the classes and helpers are imported from here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
+import sys
 import time
+import urllib.request
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import redis
 
+# ------------------------------------------------------------------------- redis
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
 
-if REDIS_SERVER is None:  # pragma: no cover - depends on the machine
-    pytest.skip("redis-server is not installed (apt-get install redis-server)",
-                allow_module_level=True)
 
 
 def free_port() -> int:
@@ -37,6 +47,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def need_redis_server() -> str:
+    """The redis-server binary, or skip the test that needs it."""
+    if REDIS_SERVER is None:  # pragma: no cover - depends on the machine
+        pytest.skip("redis-server is not installed (apt-get install redis-server)")
+    return REDIS_SERVER
 
 
 def _port_free(port: int) -> bool:
@@ -88,7 +105,7 @@ class RedisServer:
         port_args = ["--port", str(self.port)]
         if self.tls:
             port_args = ["--port", "0", "--tls-port", str(self.port)]
-        cmd = [REDIS_SERVER, *port_args, "--bind", "127.0.0.1", "--save", "",
+        cmd = [need_redis_server(), *port_args, "--bind", "127.0.0.1", "--save", "",
                "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
                *self.args]
         log = open(self.workdir / f"redis-{self.port}.log", "ab")  # noqa: SIM115
@@ -193,7 +210,8 @@ class RedisCluster:
     def _start(self) -> None:
         for n in self.nodes:
             n.start()
-        assert REDIS_CLI is not None
+        if REDIS_CLI is None:  # pragma: no cover - depends on the machine
+            pytest.skip("redis-cli is not installed (apt-get install redis-tools)")
         subprocess.run(
             [REDIS_CLI, "--cluster", "create", *self.addresses, "--cluster-replicas", "0",
              "--cluster-yes"],
@@ -219,6 +237,126 @@ def redis_cluster(tmp_path: Path) -> Iterator[RedisCluster]:
     cluster.stop()
 
 
-def random_rows(n: int, row_bytes: int, seed: int = 0) -> np.ndarray:
-    """``n`` rows of random bytes (incompressible: exercises raw frames)."""
-    return np.random.default_rng(seed).integers(0, 256, (n, row_bytes), dtype=np.uint8)
+# ---------------------------------------------------------------------------- s3
+FAKE_KEY_ID = "AKIATESTFAKEKEYID001"
+FAKE_SECRET = "fakeSecretAccessKey/DoNotLog+42"
+
+
+def moto_server_bin() -> str:
+    path = Path(sys.executable).parent / "moto_server"
+    if not path.exists():
+        pytest.skip("moto_server is not installed in this environment")
+    return str(path)
+
+
+@contextlib.contextmanager
+def run_moto(env: dict[str, str] | None = None, *,
+             tls: tuple[str, str, str] | None = None) -> Iterator[str]:
+    """Start moto_server on a free port; yield its URL; stop it by PID.
+
+    ``tls=(cert, key, ca)``: serve https with that certificate (the start-up
+    probe trusts ``ca``).
+    """
+    port = free_port()
+    args = [moto_server_bin(), "-H", "127.0.0.1", "-p", str(port)]
+    ctx = None
+    if tls is not None:
+        cert, key, ca = tls
+        args += ["-c", cert, "-k", key]
+        ctx = ssl.create_default_context(cafile=ca)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"moto_server exited with {proc.returncode}")
+            try:
+                urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=1,
+                                       context=ctx).read()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("moto_server did not answer within 30s") from None
+                time.sleep(0.1)  # polling for server start-up, not a test condition
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    pytest.importorskip("aiobotocore")
+    pytest.importorskip("moto")
+    with run_moto() as url:
+        yield url
+
+
+@pytest.fixture(autouse=True)
+def _fake_aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test: never pick up a developer's real AWS profile or keys."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", FAKE_KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
+
+
+def s3_client(endpoint: str, verify: str | None = None) -> Any:
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", verify=verify,
+                        aws_access_key_id=FAKE_KEY_ID, aws_secret_access_key=FAKE_SECRET)
+
+
+def tier_config_factory(bucket: str, endpoint: str, prefix: str,
+                        connect_timeout_s: float) -> Callable[..., dict[str, Any]]:
+    """``make(**overrides)``: an s3 tier dict for ``bucket`` on ``endpoint``."""
+
+    def make(**overrides: Any) -> dict[str, Any]:
+        return {
+            "type": "s3", "bucket": bucket, "prefix": prefix, "endpoint_url": endpoint,
+            "aws_access_key_id": FAKE_KEY_ID, "aws_secret_access_key": FAKE_SECRET,
+            "connect_timeout_s": connect_timeout_s, "read_timeout_s": 5.0, **overrides,
+        }
+
+    return make
+
+
+@pytest.fixture
+def s3(moto_endpoint: str) -> Any:
+    """A boto3 client on the moto server (to inspect and tamper with objects)."""
+    return s3_client(moto_endpoint)
+
+
+@pytest.fixture
+def bucket(s3: Any) -> str:
+    """A fresh, empty bucket for this test."""
+    name = f"kvt-{uuid.uuid4().hex[:16]}"
+    s3.create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def tier_config(moto_endpoint: str, bucket: str) -> Callable[..., dict[str, Any]]:
+    """``tier_config(**overrides)``: an s3 tier dict for this test's bucket."""
+    return tier_config_factory(bucket, moto_endpoint, "test/", connect_timeout_s=1.0)
+
+
+@pytest.fixture
+def proxy(moto_endpoint: str) -> Iterator[Any]:
+    """A loopback fault proxy in front of the moto server (tests/faults/faultproxy.py)."""
+    from tests.faults.faultproxy import FaultProxy
+
+    p = FaultProxy(moto_endpoint)
+    yield p
+    p.close()

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ..pki import make_pki
-from .conftest import run_moto, s3_client, tier_config_factory
+from ...pki import make_pki
+from ...servers import run_moto, s3_client, tier_config_factory
 from .s3_helpers import HIT, fetch, harness, make_keys, random_rows
 from .test_startup import build_error
 

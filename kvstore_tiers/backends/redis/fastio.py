@@ -1,4 +1,4 @@
-"""Zero-copy batched SET/GET for the redis backend (single server, not cluster).
+"""Zero-copy batched SET/GET for the redis tier (single server, not cluster).
 
 Why: a 2 MiB block through the plain redis-py path is copied three times on
 the store side (the frame is joined into one buffer, ``hiredis.pack_command``
@@ -17,11 +17,11 @@ doing connect, AUTH, TLS, SELECT and pooling):
   tail (``NX``, ``EX ttl``) -- with ``sendall`` per piece: no join, no pack
   copy. Replies are read with redis-py's parser (``+OK`` / nil / errors).
 * **load**: ``GET``/``GETEX`` commands are sent in one write, and each bulk
-  reply is parsed here, off the raw socket: its frame header is read into a
-  small buffer and checked, and for ``codec=none`` the payload is received
-  with ``recv_into`` straight into the destination row (one kernel copy),
-  then verified against the frame checksum. Compressed payloads go through a
-  per-thread reusable scratch buffer and the codec.
+  reply is read here, off the raw socket: its first bytes go to
+  :meth:`FrameCodec.receive`, which checks the header and says where the rest
+  goes -- for ``codec=none`` straight into the destination row with
+  ``recv_into`` (one kernel copy), otherwise into a per-thread reusable
+  scratch buffer -- and :meth:`FrameReceiver.finish` verifies or decodes.
 
 Protocol safety: every reply is always consumed to its end (``$len`` bytes +
 CRLF), whatever the frame check says; any I/O or protocol error disconnects
@@ -40,9 +40,8 @@ from typing import Any
 
 import redis.exceptions as rexc
 
-from kvstore_tiers.codecs import CodecId
-from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing, TransientError
-from kvstore_tiers.frame import HEADER_FIXED, FrameCodec, check_header, parse_header
+from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing, TransientError, detached
+from kvstore_tiers.frame import FrameCodec
 
 CRLF = b"\r\n"
 #: Bytes of a value read before its header is parsed (fixed part + key + pad).
@@ -224,7 +223,7 @@ class FastIO:
                     try:
                         reply = conn.read_response(disconnect_on_error=True)
                     except rexc.ResponseError as exc:  # -OOM, -READONLY, ...: per command
-                        out.append(exc)
+                        out.append(detached(exc))
                     else:
                         out.append(reply is not None)
                     finally:
@@ -290,7 +289,10 @@ class FastIO:
             # memory for replies we are not reading yet.
             sent = min(depth, len(cmds))
             conn.send_packed_command([b"".join(cmds[:sent])], check_health=False)
-            reader = _Reader(conn._sock, self._readbuf())
+            sock = raw_socket(conn)
+            if sock is None:  # redis-py's internals changed under us: drop, retry, fail
+                raise _ProtocolError("redis-py connection exposes no socket")
+            reader = _Reader(sock, self._readbuf())
             out: list[int | BaseException] = []
             for i, (key, item) in enumerate(zip(keys, items, strict=True)):
                 if sent < len(cmds) and sent < i + depth:
@@ -305,6 +307,7 @@ class FastIO:
 
     def _read_value(self, r: _Reader, key: bytes, item: Any, codec: FrameCodec
                     ) -> int | BaseException:
+        """Read one GET reply into ``item.dest`` through :meth:`FrameCodec.receive`."""
         line = r.readline()
         kind, rest = line[:1], line[1:]
         if kind == b"-":
@@ -316,41 +319,25 @@ class FastIO:
         n = int(rest)
         if n < 0:  # RESP2 null bulk
             return ObjectMissing(key.decode(errors="replace"))
-        dest: memoryview = item.dest
         head = self._scratch_head(min(n, HEAD_PEEK))
         r.readinto(head)
         consumed = len(head)
+        # Errors kept as results are detached: their tracebacks would hold
+        # this frame and with it the row (a view of vLLM's primary memory).
         try:
             try:
-                header = parse_header(head)
-                check_header(header, key=item.key, namespace=codec.namespace,
-                             raw_len=len(dest))
-                if header.total_len != n:
-                    raise ObjectCorrupt(f"object is {n} bytes, frame says {header.total_len}")
-                if header.header_len > consumed:
-                    raise ObjectCorrupt("frame header longer than expected")
+                frame = codec.receive(item.key, head, n, item.dest, self._scratch)
             except ObjectCorrupt as exc:
                 r.skip(n - consumed)
                 consumed = n
-                return exc
-            in_head = consumed - header.header_len  # payload bytes already read
-            if header.codec == CodecId.NONE:  # raw: receive straight into the row
-                dest[:in_head] = head[header.header_len :]
-                r.readinto(dest[in_head:])
-                consumed = n
-                try:
-                    codec.verify(header, dest)
-                except ObjectCorrupt as exc:
-                    return exc
-                return n
-            payload = self._scratch(header.stored_len)
-            payload[:in_head] = head[header.header_len :]
-            r.readinto(payload[in_head:])
+                return detached(exc)
+            # A raw payload lands straight in the row (one kernel copy).
+            r.readinto(frame.remaining)
             consumed = n
             try:
-                codec.decode_payload_into(header, payload, dest)
+                frame.finish()
             except ObjectCorrupt as exc:
-                return exc
+                return detached(exc)
             return n
         finally:
             # Consumed to the end: eat the CRLF. Otherwise an exception is on its
@@ -365,13 +352,37 @@ class FastIO:
         return memoryview(buf)[:n]
 
 
+#: redis-py releases whose connection internals :func:`raw_socket` was written for
+#: (pyproject's ``redis`` extra carries the same upper bound).
+REDIS_PY_SUPPORTED = ">=5.0,<9"
+
+
+def raw_socket(conn: Any) -> socket.socket | None:
+    """The connected socket of a redis-py ``Connection``, or None.
+
+    The one place this package reaches into redis-py's internals, written for
+    redis-py 5.x to 8.x (tested against the pinned 8.1 by
+    tests/backends/redis/test_fastio_internals.py): a connected
+    ``redis.connection.Connection`` (or ``SSLConnection``/
+    ``UnixDomainSocketConnection``) keeps its socket in the private attribute
+    ``_sock`` (None until ``connect()``), and a pipelined batch leaves nothing
+    buffered in redis-py's own parser once every reply was read by us. None
+    when the connection is not of that shape (e.g. a client-side-caching proxy
+    or a future redis-py), which makes the backend use plain pipelines.
+    """
+    sock = getattr(conn, "_sock", None)
+    if sock is None or not callable(getattr(sock, "recv_into", None)):
+        return None
+    return sock
+
+
 def fast_io_supported(client: Any) -> bool:
     """True if ``client`` is a plain (non-cluster) redis-py client we can borrow from.
 
-    Checks, on a real pooled connection, the redis-py internals the fast path
-    relies on (``send_packed_command``, ``read_response`` and the connected
-    socket ``_sock``), so a future redis-py that changes them makes the
-    backend fall back to plain pipelines instead of failing every transfer.
+    Checks, on a real pooled connection, what the fast path relies on
+    (``send_packed_command``, ``read_response`` and :func:`raw_socket`), so a
+    future redis-py that changes them makes the backend fall back to plain
+    pipelines instead of failing every transfer.
     """
     pool = getattr(client, "connection_pool", None)
     if pool is None or not hasattr(pool, "get_connection") or not hasattr(pool, "release"):
@@ -381,10 +392,9 @@ def fast_io_supported(client: Any) -> bool:
     except Exception:
         return False
     try:
-        if not getattr(conn, "_sock", None):
+        if raw_socket(conn) is None:
             conn.connect()
-        sock = getattr(conn, "_sock", None)
-        return (sock is not None and hasattr(sock, "recv_into")
+        return (raw_socket(conn) is not None
                 and callable(getattr(conn, "send_packed_command", None))
                 and callable(getattr(conn, "read_response", None)))
     except Exception:
@@ -393,4 +403,4 @@ def fast_io_supported(client: Any) -> bool:
         pool.release(conn)
 
 
-__all__ = ["HEADER_FIXED", "FastIO", "fast_io_supported"]
+__all__ = ["REDIS_PY_SUPPORTED", "FastIO", "fast_io_supported", "raw_socket"]

@@ -19,8 +19,9 @@ from vllm.v1.kv_offload.base import LookupResult
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.harness import make_keys
 
-from ..pki import make_pki
-from .conftest import REDIS_SERVER, random_rows
+from ...conftest import rows_like as random_rows
+from ...pki import make_pki
+from ...servers import REDIS_SERVER
 
 SECRET = "s3cr3t-Pa55-7f2c"
 

@@ -1,0 +1,371 @@
+"""The redis backend class: one Redis string per block, on a server or a Redis Cluster.
+
+Key layout: ``<key_prefix><object name>``, e.g.
+``kvstore:org_model_1a2b3c4d5e6f/0ab/cd_g0/0abcd....kvf``. The value is the
+whole frame (:mod:`kvstore_tiers.frame`: header + payload), written with one
+``SET key frame NX [EX ttl]`` so a block is visible only once complete and a
+block that already exists is never rewritten (content-addressed keys: the same
+key always holds the same bytes). Keys carry no hash tag, so in a cluster
+they spread over every slot.
+
+Batching: the core hands this backend ``pipeline_batch`` chunks per I/O
+task; each batch is one non-transactional pipeline (one round
+trip; in cluster mode redis-py's cluster pipeline splits it by slot/node).
+Lookups are one pipeline of ``EXISTS`` per key (per-key answers). A load
+with ``ttl_s`` set uses ``GETEX key EX ttl`` (Redis >= 6.2; ``GET`` +
+``EXPIRE`` in the same pipeline on older servers), so a hit refreshes the
+expiry in the same round trip.
+
+Errors (what the core then does, see :mod:`kvstore_tiers.errors`):
+
+* a missing key (never stored, evicted by ``maxmemory``, expired) at load ->
+  :class:`ObjectMissing` (a miss, recompute);
+* a bad frame -> :class:`ObjectCorrupt` (raised by the frame codec; the core
+  deletes the key);
+* anything from the server or the network -- connection refused or dropped,
+  timeout, ``-OOM``, ``-LOADING``, ``CLUSTERDOWN``, a dead cluster node ->
+  :class:`TransientError`, per item. Never an exception into vLLM.
+
+Recovery is redis-py's: a dead pooled connection raises, the bounded
+:class:`redis.retry.Retry` (exponential backoff) reconnects, and once the
+server is back the next batch succeeds; nothing to restart.
+
+Secrets: ``password`` is a :class:`pydantic.SecretStr`; it may also come from
+the environment variable named by ``password_env`` (default
+``KVSTORE_REDIS_PASSWORD``) or from the URL. Precedence: ``password`` key,
+then the environment, then the URL (:func:`.client.credentials`). A password
+is never logged, never part of :meth:`RedisBackend.describe`, of an error
+message or of a repr; URLs are shown with their credentials removed.
+
+The connection, probe and cluster fallback are in :mod:`.client`, the
+zero-copy single-server path in :mod:`.fastio`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from kvstore_tiers.backends.base import (
+    Backend,
+    Buffer,
+    IOTuning,
+    LoadItem,
+    ObjectInfo,
+    Result,
+    StoreItem,
+    encode_batch,
+)
+from kvstore_tiers.backends.redis.client import (
+    Build,
+    ServerInfo,
+    backoff,
+    classify_redis,
+    close_client,
+    connect,
+    credentials,
+    probe_server,
+    run_pipeline,
+    warn_eviction,
+)
+from kvstore_tiers.backends.redis.config import RedisConfig, redact_url
+from kvstore_tiers.backends.redis.fastio import FastIO, fast_io_supported
+from kvstore_tiers.errors import ObjectMissing, TransientError, detached
+from kvstore_tiers.frame import HEADER_FIXED, FrameCodec, created_ms
+from kvstore_tiers.ratelimit import RateLimitedLogger
+
+logger = logging.getLogger(__name__)
+
+SUFFIX = ".kvf"
+#: Keys per pipeline of ``delete_many`` and of ``iter_objects``' header reads.
+DELETE_BATCH = 256
+
+
+class RedisBackend(Backend):
+    """Blocks as Redis strings. Thread-safe: one client, a blocking connection pool."""
+
+    name = "redis"
+    config_model = RedisConfig
+    remote = True
+    supports_touch = True
+    supports_delete_many = True
+
+    def __init__(self, config: RedisConfig, namespace: Any) -> None:
+        super().__init__(config, namespace)
+        self.config: RedisConfig = config
+        self.prefix = config.key_prefix
+        self.client: Any = None
+        self.server = ServerInfo()
+        self._warn = RateLimitedLogger(logger, interval_s=30.0)
+        self._username, self._password = credentials(config)
+        self._fast: FastIO | None = None  # single server with fast_io only
+
+    @property
+    def tuning(self) -> IOTuning:
+        """``pipeline_batch`` chunks per task, loads and stores alike (one pipeline each)."""
+        return IOTuning(load_batch=self.config.pipeline_batch,
+                        store_batch=self.config.pipeline_batch)
+
+    @property
+    def use_getex(self) -> bool:
+        return self.server.use_getex
+
+    @property
+    def maxmemory_policy(self) -> str | None:
+        return self.server.maxmemory_policy
+
+    # -- lifecycle -------------------------------------------------------------------
+    def open(self) -> None:
+        """Connect, PING, read the eviction settings; fail clearly on a bad setup."""
+        cfg = self.config
+        self.client = connect(cfg, self._username, self._password, self.describe())
+        self.server = probe_server(self.client, cfg)
+        warn_eviction(self.server, self.describe())
+        if not cfg.is_cluster and cfg.fast_io and fast_io_supported(self.client):
+            self._fast = FastIO(self.client.connection_pool, cfg.retries, backoff().compute)
+
+    def close(self) -> None:
+        self._fast = None
+        client, self.client = self.client, None
+        if client is not None:
+            close_client(client)
+
+    def describe(self) -> str:
+        cfg = self.config
+        if cfg.nodes:
+            where = f"redis cluster nodes={','.join(cfg.nodes)}" + (" (TLS)" if cfg.tls else "")
+        else:
+            kind = "redis cluster" if cfg.cluster else "redis"
+            where = f"{kind} url={redact_url(cfg.effective_url)}"
+        extras = [f"prefix={self.prefix!r}"]
+        if self._username:
+            extras.append(f"user={self._username}")
+        if self._password:
+            extras.append("auth=yes")
+        if cfg.ttl_s:
+            extras.append(f"ttl={cfg.ttl_s}s")
+        if self.server.maxmemory_policy:
+            extras.append(f"policy={self.server.maxmemory_policy}")
+        return f"{where} ({', '.join(extras)})"
+
+    def __repr__(self) -> str:
+        return f"RedisBackend({self.describe()})"
+
+    # -- keys ------------------------------------------------------------------------
+    def key(self, name: str) -> str:
+        return self.prefix + name
+
+    def _run(self, build: Build, items: Sequence[Any], per: int = 1) -> list[Any]:
+        """One pipeline of ``per`` commands per item (per node after a cluster failure)."""
+        return run_pipeline(self.client, self.config.is_cluster, build, items,
+                            _item_key, per)
+
+    # -- bytes -----------------------------------------------------------------------
+    def _set_args(self) -> dict[str, Any]:
+        return {"nx": True, "ex": self.config.ttl_s} if self.config.ttl_s else {"nx": True}
+
+    def put(self, name: str, parts: Sequence[Buffer]) -> bool:
+        frame = _join(parts)
+        try:
+            return self.client.set(self.key(name), frame, **self._set_args()) is not None
+        except Exception as exc:
+            raise classify_redis(exc) from exc
+
+    def get(self, name: str) -> bytes:
+        try:
+            value = self.client.get(self.key(name))
+        except Exception as exc:
+            raise classify_redis(exc) from exc
+        if value is None:
+            raise ObjectMissing(self.key(name))
+        return value
+
+    def exists_many(self, names: Sequence[str]) -> list[bool]:
+        """One pipeline of EXISTS per key. A backend failure answers False (a miss)."""
+        if not names:
+            return []
+        keys = [self.key(n) for n in names]
+        try:
+            replies = self._run(lambda p, ks: [p.exists(k) for k in ks], keys)
+        except Exception as exc:
+            self._warn.warning("lookup", "redis tier: existence check failed (%s); "
+                               "answering miss", classify_redis(exc))
+            return [False] * len(names)
+        return [not isinstance(r, BaseException) and bool(r) for r in replies]
+
+    def delete(self, name: str) -> None:
+        try:
+            self.client.unlink(self.key(name))
+        except Exception as exc:
+            raise classify_redis(exc) from exc
+
+    def delete_many(self, names: Sequence[str]) -> None:
+        """Pipelined ``UNLINK`` (freed in the background by Redis), 256 keys per pipeline.
+
+        Missing keys are not an error; a server or network failure is a
+        TransientError after the whole batch was tried (per node in a cluster).
+        """
+        keys = [self.key(n) for n in names]
+        failed: BaseException | None = None
+        for start in range(0, len(keys), DELETE_BATCH):
+            chunk = keys[start : start + DELETE_BATCH]
+            try:
+                replies = self._run(lambda p, ks: [p.unlink(k) for k in ks], chunk)
+            except Exception as exc:
+                replies = [exc]
+            failed = failed or next((r for r in replies if isinstance(r, BaseException)), None)
+        if failed is not None:
+            raise detached(classify_redis(failed))
+
+    def touch_many(self, names: Sequence[str]) -> None:
+        """Refresh the expiry of ``names`` (ttl_s) or their LRU clock. Best effort."""
+        if not names:
+            return
+        keys = [self.key(n) for n in names]
+        ttl = self.config.ttl_s
+        try:
+            if ttl:
+                self._run(lambda p, ks: [p.expire(k, ttl) for k in ks], keys)
+            else:
+                self._run(lambda p, ks: [p.touch(k) for k in ks], keys)
+        except Exception as exc:
+            self._warn.warning("touch", "redis tier: touch failed: %s", classify_redis(exc))
+
+    def iter_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every block under ``key_prefix + prefix``: name, frame size, creation time.
+
+        SCAN (every primary in a cluster) + one pipeline of STRLEN and
+        GETRANGE of the header per 256 keys; the time is the frame's
+        ``created_ms`` (Redis keeps no write time), 0 for a value that is not
+        a frame. Reading the header counts as an access for Redis's LRU clock.
+        """
+        for key, size, head in self._scan_frames(prefix):
+            yield ObjectInfo(key[len(self.prefix):], size, created_s(head))
+
+    def _scan_frames(self, prefix: str = "") -> Iterator[tuple[str, int, Any]]:
+        if self.client is None:
+            raise TransientError("redis tier is closed")
+        pattern = _glob_escape(self.prefix + prefix) + "*"
+        batch: list[str] = []
+
+        def flush() -> Iterator[tuple[str, int, Any]]:
+            replies = self._run(
+                lambda p, ks: [(p.strlen(k), p.getrange(k, 0, HEADER_FIXED - 1)) for k in ks],
+                batch, per=2,
+            )
+            for i, key in enumerate(batch):
+                size, header = replies[2 * i], replies[2 * i + 1]
+                if isinstance(size, BaseException) or not size:
+                    continue  # vanished (expired/evicted) or unreadable right now
+                yield key, int(size), header
+
+        for raw in self.client.scan_iter(match=pattern, count=1000):
+            key = raw.decode() if isinstance(raw, bytes) else raw
+            if not key.endswith(SUFFIX):
+                continue
+            batch.append(key)
+            if len(batch) >= 256:
+                yield from flush()
+                batch = []
+        if batch:
+            yield from flush()
+
+    # -- frames: pipelined batches (what the core calls) ---------------------------------
+    def store_many(self, items: Sequence[StoreItem], codec: FrameCodec) -> list[Result]:
+        """One pipeline of ``SET key frame NX [EX ttl]``: frame bytes written, 0 existed."""
+        out, encoded = encode_batch(items, codec, classify_redis)
+        if not encoded:
+            return out
+        try:
+            if self._fast is not None:
+                replies: list[Any] = self._fast.set_many(
+                    [(self.key(items[i].name).encode(), h, p) for i, h, p in encoded],
+                    self.config.ttl_s)
+            else:
+                set_args = self._set_args()
+                frames = [(self.key(items[i].name), _join((h, p))) for i, h, p in encoded]
+                replies = self._run(lambda pl, fs: [pl.set(k, v, **set_args) for k, v in fs],
+                                    frames)
+        except Exception as exc:
+            replies = [exc] * len(encoded)
+        for (i, h, p), reply in zip(encoded, replies, strict=True):
+            # SET NX answers OK (written) or nil (existed): True or None/False here.
+            out[i] = (detached(classify_redis(reply)) if isinstance(reply, BaseException)
+                      else len(h) + len(p) if reply else 0)
+        return out
+
+    def load_many(self, items: Sequence[LoadItem], codec: FrameCodec) -> list[Result]:
+        """One pipeline of GET (GETEX with ttl_s: a hit refreshes the expiry)."""
+        ttl = self.config.ttl_s
+        if self._fast is not None and (self.use_getex or not ttl):
+            try:
+                return self._fast.get_many([self.key(it.name).encode() for it in items],
+                                           items, codec, ttl)
+            except Exception as exc:
+                return [detached(classify_redis(exc))] * len(items)
+        keys = [self.key(it.name) for it in items]
+        if ttl and self.use_getex:
+            def build(p: Any, ks: Sequence[str]) -> None:
+                for k in ks:
+                    p.getex(k, ex=ttl)
+            per = 1
+        elif ttl:
+            def build(p: Any, ks: Sequence[str]) -> None:
+                for k in ks:
+                    p.get(k)
+                    p.expire(k, ttl)  # refreshing a block that turns out corrupt is harmless
+            per = 2
+        else:
+            def build(p: Any, ks: Sequence[str]) -> None:
+                for k in ks:
+                    p.get(k)
+            per = 1
+        try:
+            replies = self._run(build, keys, per)
+        except Exception as exc:
+            return [detached(classify_redis(exc))] * len(items)
+        # Every error kept below is detached: its traceback would hold this
+        # frame and with it ``items`` (views of vLLM's primary rows).
+        out: list[Result] = []
+        for i, item in enumerate(items):
+            value = replies[i * per]
+            if isinstance(value, BaseException):
+                out.append(detached(classify_redis(value)))
+            elif value is None:
+                out.append(ObjectMissing(keys[i]))
+            else:
+                try:
+                    codec.decode_into(item.key, value, item.dest)
+                    out.append(len(value))
+                except Exception as exc:
+                    out.append(detached(classify_redis(exc)))
+        return out
+
+
+def _item_key(item: Any) -> str:
+    """The Redis key of a pipeline item: a key, or a (key, value) pair."""
+    return item if isinstance(item, str) else item[0]
+
+
+def _join(parts: Sequence[Buffer]) -> memoryview:
+    """One buffer holding ``parts`` back to back (a Redis value is one argument)."""
+    total = sum(len(p) for p in parts)
+    buf = bytearray(total)
+    off = 0
+    for p in parts:
+        n = len(p)
+        buf[off : off + n] = p
+        off += n
+    return memoryview(buf)
+
+
+def _glob_escape(text: str) -> str:
+    """Escape glob metacharacters for SCAN MATCH."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
+def created_s(head: Any) -> float:
+    """Creation time (s since the epoch) of the frame starting with ``head``; 0 if none."""
+    ms = created_ms(head) if isinstance(head, (bytes, bytearray)) else None
+    return 0.0 if ms is None else ms / 1000.0

@@ -1,0 +1,104 @@
+"""Keys of the redis tier, and URLs shown without their password."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, SecretStr, model_validator
+
+from kvstore_tiers.config import TierConfig
+
+DEFAULT_PASSWORD_ENV = "KVSTORE_REDIS_PASSWORD"
+DEFAULT_USERNAME_ENV = "KVSTORE_REDIS_USERNAME"
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+
+class RedisConfig(TierConfig):
+    """Keys of the redis tier (``{"type": "redis", ...}`` in ``secondary_tiers``)."""
+
+    # repr=False: a URL may embed a password (redis://:pw@host); describe() redacts it.
+    url: str | None = Field(
+        None, repr=False, description="Server URL: redis://host:port/db, rediss:// (TLS) or "
+        "unix:///path/redis.sock. Default redis://127.0.0.1:6379/0 unless 'nodes' is set.",
+    )
+    cluster: bool = Field(False, description="Talk to a Redis Cluster (redis-py RedisCluster).")
+    nodes: list[str] | None = Field(
+        None, description="Cluster startup nodes as 'host:port' (implies cluster: true).",
+    )
+    tls: bool = Field(False, description="Use TLS with 'nodes' (with 'url', use rediss://).")
+    username: str | None = Field(None, description="ACL user name.")
+    password: SecretStr | None = Field(
+        None, description="ACL/requirepass password. Prefer password_env in shared configs.",
+    )
+    username_env: str = Field(
+        DEFAULT_USERNAME_ENV, description="Environment variable read when 'username' is unset.",
+    )
+    password_env: str = Field(
+        DEFAULT_PASSWORD_ENV, description="Environment variable read when 'password' is unset.",
+    )
+    tls_ca_file: str | None = Field(None, description="CA bundle that signed the server cert.")
+    tls_cert_file: str | None = Field(None, description="Client certificate (mutual TLS).")
+    tls_key_file: str | None = Field(None, description="Client private key (mutual TLS).")
+    tls_check_hostname: bool = Field(True, description="Verify the server name in its cert.")
+    key_prefix: str = Field("kvstore:", description="Prefix of every key this tier writes.")
+    ttl_s: int | None = Field(
+        None, ge=1, description="Expire blocks this many seconds after their last hit "
+        "(SET EX; a load refreshes it). None: keep until evicted by maxmemory.",
+    )
+    max_connections: int | None = Field(
+        None, ge=1, description="Connection pool size (per node in cluster mode). "
+        "Default: n_read_threads + n_write_threads + 4.",
+    )
+    socket_timeout_s: float = Field(5.0, gt=0, description="Timeout of one socket read/write.")
+    connect_timeout_s: float = Field(2.0, gt=0, description="Timeout of one TCP/TLS connect.")
+    retries: int = Field(
+        2, ge=0, le=10, description="Retries (exponential backoff, 50 ms doubling, capped "
+        "at 1 s) of a command after a connection error or timeout.",
+    )
+    pipeline_batch: int = Field(
+        8, ge=1, le=256, description="Blocks per pipeline (per I/O task).",
+    )
+    fast_io: bool = Field(
+        True, description="Zero-copy SET/GET on a single server (see docs/redis.md); "
+        "false: plain redis-py pipelines.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RedisConfig:
+        if self.url is not None and self.nodes:
+            raise ValueError("set either 'url' or 'nodes', not both")
+        if self.url is not None:
+            scheme = urlsplit(self.url).scheme
+            if scheme not in ("redis", "rediss", "unix"):
+                raise ValueError(
+                    f"url scheme must be redis://, rediss:// or unix://, not {scheme or '(none)'}"
+                )
+            tls_files = self.tls_ca_file or self.tls_cert_file or self.tls_key_file
+            if tls_files and scheme != "rediss":
+                raise ValueError("TLS files are set but the url is not rediss://")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        if (self.cluster or self.nodes) and ("{" in self.key_prefix or "}" in self.key_prefix):
+            # A hash tag would pin every key to one slot (one node).
+            raise ValueError("key_prefix must not contain '{' or '}' in cluster mode")
+        return self
+
+    @property
+    def is_cluster(self) -> bool:
+        return self.cluster or bool(self.nodes)
+
+    @property
+    def effective_url(self) -> str:
+        """``url``, or the default local server."""
+        return self.url or DEFAULT_URL
+
+
+def redact_url(url: str) -> str:
+    """``url`` without its password (the user name is kept)."""
+    parts = urlsplit(url)
+    if parts.password is None and "@" not in parts.netloc:
+        return url
+    userinfo, _, hostport = parts.netloc.rpartition("@")
+    user = userinfo.split(":", 1)[0]
+    netloc = f"{user}:***@{hostport}" if ":" in userinfo else f"{user}@{hostport}"
+    return urlunsplit(parts._replace(netloc=netloc))

@@ -1,0 +1,140 @@
+"""Keys of the s3 tier, and the helpers that keep its secrets out of messages."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field, SecretStr, model_validator
+
+from kvstore_tiers.config import TierConfig, validate_config
+
+SUFFIX = ".kvf"
+#: Largest body of one PutObject (S3 limit). A KV block frame is far below it
+#: (megabytes), so the backend never needs multipart upload.
+MAX_SINGLE_PUT = 5 * 1024**3
+
+
+class S3Config(TierConfig):
+    """Keys of the s3 tier (``{"type": "s3", "bucket": ..., ...}``)."""
+
+    bucket: str = Field(min_length=3, max_length=63, description="Bucket holding the blocks.")
+    prefix: str = Field(
+        "", description="Key prefix (e.g. 'prod/'); objects are <prefix><namespace>/...",
+    )
+    endpoint_url: str | None = Field(
+        None, description="S3-compatible endpoint (MinIO, Ceph...); None for AWS.",
+    )
+    region: str | None = Field(
+        None, description="Region; None: from the AWS environment/profile (us-east-1 if none "
+        "and an endpoint_url is set).",
+    )
+    addressing_style: Literal["auto", "virtual", "path"] = Field(
+        "auto", description="Bucket addressing; MinIO and most on-prem servers want 'path'.",
+    )
+    profile: str | None = Field(None, description="AWS shared-config profile name.")
+    aws_access_key_id: SecretStr | None = Field(
+        None, description="Explicit access key id (default: the standard AWS chain).",
+    )
+    aws_secret_access_key: SecretStr | None = Field(None, description="Explicit secret key.")
+    aws_session_token: SecretStr | None = Field(None, description="Explicit session token.")
+    verify_tls: bool = Field(True, description="Verify the endpoint's TLS certificate.")
+    ca_bundle: str | None = Field(None, description="PEM CA bundle to verify TLS with.")
+    max_concurrency: int = Field(
+        64, ge=1, le=4096, description="Requests in flight at once (and connection pool size).",
+    )
+    connect_timeout_s: float = Field(
+        2.0, gt=0, description="TCP/TLS connect timeout; short, so a dead endpoint fails fast.",
+    )
+    read_timeout_s: float = Field(
+        5.0, gt=0, description="Socket read timeout per request (the start-up probe uses at "
+        "most 2 s).",
+    )
+    retry_mode: Literal["standard", "adaptive", "legacy"] = Field(
+        "standard", description="botocore retry mode (5xx, SlowDown, timeouts are retried).",
+    )
+    max_attempts: int = Field(3, ge=1, le=20, description="Attempts per request, retries incl.")
+    request_deadline_s: float = Field(
+        10.0, gt=0, description="Deadline of one batch of requests (retries included); past "
+        "it the batch fails with a transient error: a load that cannot arrive by then is a "
+        "miss, and the failure counts towards the circuit breaker.",
+    )
+    storage_class: str | None = Field(
+        None, description="StorageClass of stored objects (STANDARD, INTELLIGENT_TIERING...).",
+    )
+    sse: Literal["AES256", "aws:kms"] | None = Field(
+        None, description="Server-side encryption: AES256 (SSE-S3) or aws:kms (SSE-KMS).",
+    )
+    sse_kms_key_id: str | None = Field(None, description="KMS key id/ARN for sse='aws:kms'.")
+    create_bucket: bool = Field(False, description="Create the bucket at startup if missing.")
+    negative_cache_s: float = Field(
+        2.0, ge=0, description="Seconds a block found absent by HEAD is remembered as absent "
+        "(lookups of it send no request meanwhile); 0 disables.",
+    )
+    conditional_put: bool = Field(
+        True, description="Use If-None-Match: * so an existing object is never rewritten "
+        "(falls back to plain PUT if the server does not implement it).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> S3Config:
+        if self.sse_kms_key_id and self.sse != "aws:kms":
+            raise ValueError("sse_kms_key_id needs sse='aws:kms'")
+        if (self.aws_access_key_id is None) != (self.aws_secret_access_key is None):
+            raise ValueError("aws_access_key_id and aws_secret_access_key go together")
+        if self.aws_session_token is not None and self.aws_access_key_id is None:
+            raise ValueError("aws_session_token needs aws_access_key_id/aws_secret_access_key")
+        if self.profile and self.aws_access_key_id is not None:
+            raise ValueError("give either 'profile' or explicit keys, not both")
+        if self.prefix.startswith("/"):
+            raise ValueError("prefix must not start with '/'")
+        return self
+
+    @property
+    def key_prefix(self) -> str:
+        """The prefix with a trailing '/' (or empty)."""
+        p = self.prefix
+        return p if not p or p.endswith("/") else p + "/"
+
+    @property
+    def where(self) -> str:
+        """Human description of the endpoint (never a secret)."""
+        return self.endpoint_url or f"AWS S3 ({self.region or 'default region'})"
+
+
+def as_config(config: S3Config | Mapping[str, Any]) -> S3Config:
+    """Accept an S3Config or a tier dict (``type`` ignored) and validate it."""
+    if isinstance(config, S3Config):
+        return config
+    values = {k: v for k, v in config.items() if k not in ("type", "module_path", "backpressure")}
+    return validate_config(S3Config, "s3", values)
+
+
+def secrets_of(config: S3Config) -> list[str]:
+    """The secret values of ``config`` (to scrub from messages)."""
+    out = []
+    for s in (config.aws_access_key_id, config.aws_secret_access_key, config.aws_session_token):
+        if s is not None and s.get_secret_value():
+            out.append(s.get_secret_value())
+    return out
+
+
+def scrub(text: str, config: S3Config) -> str:
+    """``text`` with every configured secret replaced by ``***``."""
+    for secret in secrets_of(config):
+        text = text.replace(secret, "***")
+    return text
+
+
+def put_extra_args(config: S3Config) -> dict[str, Any]:
+    """PutObject arguments from the config (storage class, server-side encryption)."""
+    args: dict[str, Any] = {}
+    if config.storage_class:
+        args["StorageClass"] = config.storage_class
+    if config.sse:
+        args["ServerSideEncryption"] = config.sse
+        if config.sse_kms_key_id:
+            args["SSEKMSKeyId"] = config.sse_kms_key_id
+    return args
+
+
