@@ -35,9 +35,9 @@ from vllm.v1.kv_offload.tiering.base import JobResult
 
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.health import BreakerState, CircuitBreaker
+from kvstore_tiers.metrics import TierMetrics
 from kvstore_tiers.presence import PresenceIndex
 from kvstore_tiers.ratelimit import RateLimitedLogger
-from kvstore_tiers.stats import TierMetrics
 from kvstore_tiers.transfers import Job, Summary, expire, summarise
 
 logger = logging.getLogger("kvstore_tiers.tier")

@@ -58,8 +58,8 @@ from kvstore_tiers.codecs import resolve_compression
 from kvstore_tiers.config import TierConfig, validate_config
 from kvstore_tiers.health import BreakerState
 from kvstore_tiers.ledger import Ledger
+from kvstore_tiers.metrics import metric_definitions
 from kvstore_tiers.shm import sweep_stale_regions
-from kvstore_tiers.stats import metric_definitions
 from kvstore_tiers.transfers import ExistenceCheck, Job, PrimaryRows, TouchJob, TransferContext
 
 if TYPE_CHECKING:

@@ -39,7 +39,7 @@ TIERS: dict[str, dict[str, Any]] = {
         "example": {"type": "s3", "module_path": "kvstore_tiers.tiers", "bucket": "kv-cache",
                     "prefix": "prod/", "endpoint_url": "http://127.0.0.1:9000",
                     "addressing_style": "path",
-                    "backpressure": {"failure_threshold": 3}},
+                    "backpressure": {"backpressure_cls": "EMABackpressureDetector"}},
     },
     "redis": {
         "page": "redis.md",

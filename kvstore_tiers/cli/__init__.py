@@ -18,6 +18,7 @@ _COMMANDS: dict[str, str] = {
     "config": "kvstore_tiers.cli.config:config_cmd",
     "demo": "kvstore_tiers.cli.demo:demo",
     "gc": "kvstore_tiers.cli.gc:gc",
+    "lifecycle": "kvstore_tiers.cli.lifecycle:lifecycle",
     "stats": "kvstore_tiers.cli.stats:stats",
     "verify": "kvstore_tiers.cli.verify:verify",
 }
@@ -35,14 +36,21 @@ class _LazyGroup(click.Group):
         return getattr(importlib.import_module(module_name), attr)
 
     def invoke(self, ctx: click.Context) -> object:
-        # A bad tier config or an unreachable store is the user's to fix: show
-        # the message (which names the key / endpoint), not a traceback.
+        # A bad tier config, an unreachable store or a missing optional
+        # package is the user's to fix: show the message (which names the
+        # key, the endpoint or the pip extra), not a traceback.
+        from kvstore_tiers.cli._common import missing_extra_message
         from kvstore_tiers.errors import ConfigError
 
         try:
             return super().invoke(ctx)
         except ConfigError as exc:
             raise click.ClickException(str(exc)) from None
+        except ModuleNotFoundError as exc:
+            message = missing_extra_message(exc.name or "")
+            if message is None:
+                raise
+            raise click.ClickException(message) from None
 
 
 @click.group(cls=_LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from kvstore_tiers.cli._common import require_extra
+
 
 @click.command()
 @click.option("--tier", "tiers", type=click.Choice(["fs", "redis", "s3"]), multiple=True,
@@ -79,6 +81,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
       kvstore-tiers bench --tier s3 --s3-bucket kv-cache --s3-endpoint http://minio:9000
       kvstore-tiers bench --chunk-kib 2048 --reload-rounds 40
     """
+    require_extra("vllm", "torch")
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 

@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
-from kvstore_tiers.cli._common import parse_size, store_options, tier_title, tiers_from_options
+from kvstore_tiers.cli._common import (
+    parse_size,
+    require_extra,
+    store_options,
+    tier_title,
+    tiers_from_options,
+)
 
 
 @click.command()
@@ -17,15 +24,18 @@ from kvstore_tiers.cli._common import parse_size, store_options, tier_title, tie
 @click.option("--timeout", "timeout_s", default=30.0, show_default=True,
               help="Seconds allowed for the round trip.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def check(config_text: str | None, fs_root: str | None, redis_url: str | None,
-          s3_bucket: str | None, endpoint_url: str | None, prefix: str | None,
-          block_size: str, timeout_s: float, as_json: bool) -> None:
+def check(block_size: str, timeout_s: float, as_json: bool, **store: Any) -> None:
     """Validate every key of each tier, connect, and round-trip one block byte-exact.
 
     The tier is built by vLLM's own factory inside vLLM's real
-    TieringOffloadingManager, exactly as `vllm serve` would build it. Exits 1
-    if any tier fails, with a message naming the wrong key, endpoint or
-    credential.
+    TieringOffloadingManager, exactly as `vllm serve` would build it: one
+    engine stores a block, a second one (a restart) finds it in the store and
+    loads it back. Exits 1 if any tier fails, with a message naming the wrong
+    key, endpoint or credential.
+
+    The check leaves no trace: it works in a namespace of its own (a random
+    namespace_salt) and removes it afterwards, its run config and
+    directories included.
 
     \b
     Example:
@@ -37,7 +47,8 @@ def check(config_text: str | None, fs_root: str | None, redis_url: str | None,
 
     from kvstore_tiers.admin import check_tier
 
-    tiers = tiers_from_options(config_text, fs_root, redis_url, s3_bucket, endpoint_url, prefix)
+    tiers = tiers_from_options(**store)
+    require_extra("vllm", "torch")
     reports = [check_tier(t, block_bytes=parse_size(block_size), timeout_s=timeout_s)
                for t in tiers]
     if as_json:

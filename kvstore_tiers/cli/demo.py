@@ -11,6 +11,8 @@ from typing import Any
 
 import click
 
+from kvstore_tiers.cli._common import require_extra
+
 
 def _load_tier_config(value: str | None) -> list[dict[str, Any]] | None:
     """``--config``: a JSON file or JSON string; a dict or a list of dicts."""
@@ -67,6 +69,7 @@ def demo(model: str, tier: str, config: str | None, fs_root: str, fresh: bool,
     prompts, which are served from the tier. Prints tokens served from the tier,
     TTFT cold vs warm, bytes moved, and whether the greedy outputs match.
     """
+    require_extra("vllm", "torch")
     from rich.console import Console
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 

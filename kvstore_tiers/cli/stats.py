@@ -4,41 +4,50 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 
-from kvstore_tiers.cli._common import human_bytes, store_options, tier_title, tiers_from_options
+from kvstore_tiers.cli._common import (
+    human_bytes,
+    progress_on_stderr,
+    store_errors,
+    store_options,
+    tier_title,
+    tiers_from_options,
+)
 
 
 @click.command()
 @store_options
 @click.option("--namespace", help="Only this namespace (directory / key prefix).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def stats(config_text: str | None, fs_root: str | None, redis_url: str | None,
-          s3_bucket: str | None, endpoint_url: str | None, prefix: str | None,
-          namespace: str | None, as_json: bool) -> None:
+def stats(namespace: str | None, as_json: bool, **store: Any) -> None:
     """Objects, bytes and namespaces of a store, and an age histogram.
 
     Each namespace is one model/dtype/parallel layout (vLLM's run config,
     read from the namespace's config.json on fs and s3; redis keeps none).
     Ages are from the object time: fs mtime (last use when the tier is
     capped), s3 LastModified (write), redis frame created_ms (write).
+    A long listing shows its progress on stderr.
 
     \b
     Example:
       kvstore-tiers stats --fs /mnt/kv
       kvstore-tiers stats --redis redis://127.0.0.1:6379/0 --json
+      kvstore-tiers stats --s3 kv-cache --region eu-west-1 --profile ops
     """
     from rich.console import Console
     from rich.table import Table
 
     from kvstore_tiers.admin import collect_stats, open_store
 
-    tiers = tiers_from_options(config_text, fs_root, redis_url, s3_bucket, endpoint_url, prefix)
+    tiers = tiers_from_options(**store)
     out = []
     for tier in tiers:
-        with open_store(tier) as backend:
-            out.append((tier, collect_stats(backend, namespace)))
+        with store_errors(tier), open_store(tier) as backend, \
+                progress_on_stderr(f"listing {tier_title(tier)}") as update:
+            out.append((tier, collect_stats(backend, namespace, progress=update)))
     if as_json:
         click.echo(json.dumps([{"tier": tier_title(t), **s.as_dict()} for t, s in out], indent=2))
         return
@@ -50,8 +59,9 @@ def stats(config_text: str | None, fs_root: str | None, redis_url: str | None,
         t = Table(title="namespaces")
         for col in ("namespace", "model", "dtype", "layout", "objects", "bytes", "newest"):
             t.add_column(col, justify="right" if col in ("objects", "bytes") else "left")
+        described = s.as_dict()["namespaces"]
         for name, ns in sorted(s.namespaces.items()):
-            d = s.as_dict()["namespaces"][name]
+            d = described[name]
             age = f"{(now - ns.newest) / 60:.1f} min ago" if ns.newest else "?"
             t.add_row(name, d["model"], d["dtype"], d["layout"], str(ns.objects),
                       human_bytes(ns.bytes), age)

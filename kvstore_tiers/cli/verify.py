@@ -4,10 +4,18 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import Any
 
 import click
 
-from kvstore_tiers.cli._common import human_bytes, store_options, tier_title, tiers_from_options
+from kvstore_tiers.cli._common import (
+    human_bytes,
+    progress_on_stderr,
+    store_errors,
+    store_options,
+    tier_title,
+    tiers_from_options,
+)
 
 
 @click.command()
@@ -17,14 +25,14 @@ from kvstore_tiers.cli._common import human_bytes, store_options, tier_title, ti
 @click.option("--namespace", help="Only this namespace.")
 @click.option("--delete", is_flag=True, help="Delete the corrupt objects found.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def verify(config_text: str | None, fs_root: str | None, redis_url: str | None,
-           s3_bucket: str | None, endpoint_url: str | None, prefix: str | None,
-           sample: int | None, namespace: str | None, delete: bool, as_json: bool) -> None:
+def verify(sample: int | None, namespace: str | None, delete: bool, as_json: bool,
+           **store: Any) -> None:
     """Read every object (or --sample N) and check its frame and CRC-32C checksum.
 
-    Checks the header (magic, version, lengths), that the key in the header is
-    the key the object's name encodes, the namespace digest, the length, and
-    decodes the payload and compares its checksum. Exits 1 if any object is
+    Each object is decoded exactly as a load decodes it: the header (magic,
+    version, lengths), the key in the header against the key the object's
+    name encodes, the namespace digest, the length, the payload decoded and
+    its checksum compared. Exits 1 if any object is
     corrupt (after deleting them with --delete). Safe on a live store: a
     deleted object is a miss that vLLM recomputes.
 
@@ -34,19 +42,17 @@ def verify(config_text: str | None, fs_root: str | None, redis_url: str | None,
       kvstore-tiers verify --config tiers.json --delete
     """
     from rich.console import Console
-    from rich.progress import Progress
 
     from kvstore_tiers.admin import open_store, verify_store
 
-    tiers = tiers_from_options(config_text, fs_root, redis_url, s3_bucket, endpoint_url, prefix)
+    tiers = tiers_from_options(**store)
     console = Console(stderr=as_json)
     results = []
     for tier in tiers:
-        with open_store(tier) as backend, Progress(console=console, transient=True) as prog:
-            task = prog.add_task(f"verifying {tier_title(tier)}", total=None)
+        with store_errors(tier), open_store(tier) as backend, \
+                progress_on_stderr(f"verifying {tier_title(tier)}") as update:
             rep = verify_store(backend, sample=sample, delete=delete, namespace=namespace,
-                               progress=lambda i, n, task=task: prog.update(
-                                   task, completed=i, total=n))
+                               progress=lambda i, n: update(i, n))
         results.append((tier, rep))
     if as_json:
         click.echo(json.dumps([{"tier": tier_title(t), **r.as_dict()} for t, r in results],

@@ -192,3 +192,11 @@ def test_verify_checks_encrypted_objects_without_the_key(
     victim = kvf_files(root)[0]
     victim.write_bytes(victim.read_bytes()[:-1])
     assert invoke("verify", "--fs", str(root)).exit_code == 1
+
+
+def test_admin_commands_name_a_missing_root(tmp_path: Path) -> None:
+    for cmd in (("stats",), ("verify",), ("gc", "--max-age", "1d")):
+        out = invoke(cmd[0], "--fs", str(tmp_path / "typo"), *cmd[1:])
+        assert out.exit_code == 1, out.output
+        assert "key 'root_dir'" in out.output and "typo" in out.output
+    assert not (tmp_path / "typo").exists()

@@ -43,7 +43,7 @@ def test_redis_stats_verify_gc(redis_server: RedisServer,
     out = invoke("gc", "--config", cfg, "--max-age", "1d", "--json")
     assert out.exit_code == 0, out.output
     rep = json.loads(out.stdout)[0]
-    assert rep["deleted_objects"] == 2 and rep["method"] == "generic"
+    assert rep["deleted_objects"] == 2 and rep["batched_deletes"]  # an UNLINK pipeline
     assert client.exists(*keys[1:3]) == 0
     size = client.strlen(keys[3])
     out = invoke("gc", "--redis", redis_server.url, "--max-bytes", str(2 * size), "--json")
@@ -88,7 +88,7 @@ def test_s3_stats_verify_gc(tier_config: Callable[..., dict[str, Any]], s3: Any,
 
     out = invoke("gc", "--config", cfg, "--max-bytes", "1", "--json")
     rep = json.loads(out.stdout)[0]
-    assert rep["deleted_objects"] == 7 and rep["method"] == "generic"
+    assert rep["deleted_objects"] == 7 and rep["batched_deletes"]  # DeleteObjects
     left = [o["Key"] for o in s3.list_objects_v2(Bucket=bucket).get("Contents", [])]
     assert not [k for k in left if k.endswith(".kvf")]
     assert any(k.endswith("/config.json") for k in left)  # the run config stays

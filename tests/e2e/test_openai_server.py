@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from kvstore_tiers.cli.config import kv_transfer_config, serve_command
+from kvstore_tiers.metrics import COUNTERS, GAUGES, HISTOGRAMS, PREFIX
 from kvstore_tiers.shm import PATTERN, SHM_DIR, inodes_in_use
-from kvstore_tiers.stats import COUNTERS, GAUGES, HISTOGRAMS, PREFIX
 
 pytestmark = pytest.mark.engine
 

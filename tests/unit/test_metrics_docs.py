@@ -18,7 +18,7 @@ from vllm.v1.kv_offload.base import (  # noqa: E402
     OffloadingHistogramMetadata,
 )
 
-from kvstore_tiers.stats import PREFIX, metric_definitions  # noqa: E402
+from kvstore_tiers.metrics import PREFIX, metric_definitions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "metrics.md"

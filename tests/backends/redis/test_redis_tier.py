@@ -16,7 +16,7 @@ import pytest
 import redis
 from vllm.v1.kv_offload.base import LookupResult
 
-from kvstore_tiers.admin import gc_generic
+from kvstore_tiers.admin import gc_store
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.frame import parse_header
 from kvstore_tiers.tools.harness import make_keys
@@ -267,14 +267,14 @@ def test_gc_by_age_and_size_and_listing(redis_server, harness_factory):
             created = parse_header(c.getrange(n, 0, 200)).created_ms - 2 * 86400 * 1000
             c.setrange(n, 56, created.to_bytes(8, "little"))
     # gc plans over iter_objects: the age is the frame's created_ms.
-    report = gc_generic(backend, max_age_s=86400, dry_run=True)
+    report = gc_store(backend, max_age_s=86400, dry_run=True)
     assert report.deleted_objects == 4
-    report = gc_generic(backend, max_age_s=86400)
+    report = gc_store(backend, max_age_s=86400)
     assert (report.scanned_objects, report.deleted_objects) == (10, 4)
     with redis_server.client() as c:
         assert [bool(c.exists(n)) for n in names] == [False] * 4 + [True] * 6
     size = listed[0].size
-    report = gc_generic(backend, max_bytes=3 * size)
+    report = gc_store(backend, max_bytes=3 * size)
     assert report.deleted_objects == 3 and report.remaining_bytes <= 3 * size
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from kvstore_tiers.admin import gc_generic
+from kvstore_tiers.admin import gc_store
 from kvstore_tiers.backends.s3 import install_lifecycle
 
 from .s3_helpers import MISS, fetch, harness, make_keys, random_rows
@@ -41,7 +41,7 @@ def test_gc_by_age_and_by_size(tier_config: Any, s3: Any, bucket: str) -> None:
         size = listed[0].size
 
         def gc(_cfg: Any, **kw: Any) -> Any:  # gc plans over iter_objects (LastModified)
-            return gc_generic(backend, namespace=backend.namespace.name, **kw)
+            return gc_store(backend, namespace=backend.namespace.name, **kw)
 
         # Nothing is older than an hour: age gc keeps everything.
         assert gc(cfg, max_age_s=3600).deleted_objects == 0
