@@ -96,7 +96,7 @@ def test_a_shard_directory_removed_under_the_tier_is_made_again(
 def test_stores_are_published_eight_files_per_call(harness_factory, tmp_path, monkeypatch
                                                   ) -> None:
     # One GIL-free call per store batch is what makes small stores cheap on a
-    # busy engine (docs/benchmarks.md, session 9); each file keeps its own outcome.
+    # busy engine (docs/fs.md); each file keeps its own outcome.
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=32,
                         chunk_bytes=ROW)
     real, calls = fileio.publish_files, []
@@ -146,7 +146,7 @@ def test_a_load_job_goes_wide_first_then_eight_files_per_call(harness_factory, t
 
 def test_a_load_task_carries_at_most_two_mib(harness_factory, tmp_path, monkeypatch) -> None:
     # Eight 2 MiB reads in one task made a job wait on its last, larger task
-    # (docs/benchmarks.md, session 10): 1 MiB rows go two per call.
+    # (docs/fs.md): 1 MiB rows go two per call.
     mib = 1 << 20
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=24,
                         chunk_bytes=mib)
