@@ -16,8 +16,11 @@ def test_compose_has_minio_with_bucket_init_and_redis() -> None:
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     services = compose["services"]
     assert {"minio", "minio-init", "redis"} <= set(services)
-    assert "9000:9000" in services["minio"]["ports"]
-    assert "6379:6379" in services["redis"]["ports"]
+    # Published on the loopback address only: never on every interface of the host.
+    assert "127.0.0.1:9000:9000" in services["minio"]["ports"]
+    assert "127.0.0.1:6379:6379" in services["redis"]["ports"]
+    for service in services.values():
+        assert all(str(p).startswith("127.0.0.1:") for p in service.get("ports", []))
     init = services["minio-init"]
     assert init["image"].startswith("minio/mc")
     assert init["depends_on"]["minio"]["condition"] == "service_healthy"
