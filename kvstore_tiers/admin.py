@@ -375,8 +375,12 @@ def gc(tier: Mapping[str, Any], *, max_age_s: float | None = None,
     if max_age_s is None and max_bytes is None:
         raise ConfigError("gc needs --max-age and/or --max-bytes")
     with open_store(tier) as backend:
-        return gc_generic(backend, max_age_s=max_age_s, max_bytes=max_bytes,
-                          namespace=namespace, dry_run=dry_run)
+        outcome = gc_generic(backend, max_age_s=max_age_s, max_bytes=max_bytes,
+                             namespace=namespace, dry_run=dry_run)
+        sweep = getattr(backend, "sweep_temp_files", None)  # fs: killed writers' temp files
+        if sweep is not None and not dry_run:
+            sweep()
+        return outcome
 
 
 # ------------------------------------------------------------------------ check
