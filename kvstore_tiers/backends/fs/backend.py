@@ -8,7 +8,9 @@
   written with a page-sized header so an uncompressed payload lands, page
   aligned, straight in the primary row with one ``readv`` (:mod:`.direct`).
 * Capacity: ``max_bytes`` and/or ``min_free_bytes``, enforced by
-  :mod:`.capacity`.
+  :mod:`.capacity`: every file's room is reserved before it is written.
+* Temp files carry their writer's id (:mod:`.writers`); those of writers
+  killed mid-write are removed at start, by ``gc`` and by the capacity count.
 * Each load batch is one open-read-close call for all its files, each store
   batch one create-write-close-rename call (up to eight blocks each;
   :mod:`.fileio`), compiled where a C compiler exists.
