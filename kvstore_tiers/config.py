@@ -13,8 +13,9 @@ validation message.
 from __future__ import annotations
 
 from typing import Any, Literal, TypeVar
+from urllib.parse import SplitResult
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kvstore_tiers.errors import ConfigError
 
@@ -38,7 +39,7 @@ class TierConfig(BaseModel):
         4, ge=1, le=256, description="Store I/O threads (stores first, loads when no store "
         "is queued); stores go at most this wide.")
     max_queued_chunks: int = Field(
-        65536, ge=1,
+        65536, ge=1, le=1 << 24,
         description="Bound on chunks queued in the I/O pool; a job that does not fit fails.",
     )
     store_poll_ms: float = Field(
@@ -48,13 +49,13 @@ class TierConfig(BaseModel):
         "a store waits at most this long to start.",
     )
     store_linger_s: float = Field(
-        5.0, ge=0,
+        5.0, ge=0, le=3600,
         description="How long after the last store that polling goes on (it costs about "
         "1,000 / store_poll_ms wake-ups a second, none once it stops). 0: never poll; "
         "every store wakes a thread.",
     )
     presence_capacity: int = Field(
-        1_000_000, ge=0,
+        1_000_000, ge=0, le=1 << 30,
         description="Keys remembered as stored or being stored by this process: lookups "
         "of stored ones HIT without I/O, stores of either are skipped. 0 turns both off.",
     )
@@ -65,13 +66,15 @@ class TierConfig(BaseModel):
         None, description="Locality reported to vLLM; default LOCAL for fs, REMOTE otherwise."
     )
     load_timeout_s: float | None = Field(
-        None, gt=0, description="Deadline of one load job; past it the job fails (recompute)."
+        None, gt=0, le=3600,
+        description="Deadline of one load job; past it the job fails (recompute)."
     )
     failure_threshold: int = Field(
-        5, ge=1, description="Consecutive backend failures that open the circuit breaker."
+        5, ge=1, le=1_000_000,
+        description="Consecutive backend failures that open the circuit breaker."
     )
     breaker_cooldown_s: float = Field(
-        5.0, gt=0, description="Seconds the circuit stays open before a half-open probe."
+        5.0, gt=0, le=3600, description="Seconds the circuit stays open before a half-open probe."
     )
     namespace_salt: str | None = Field(
         None, description="Extra string mixed into the namespace (tenant isolation)."
@@ -96,8 +99,27 @@ class TierConfig(BaseModel):
         "alternative to encryption_key_env.",
     )
 
+    @field_validator("encryption_key_env", "encryption_key_file")
+    @classmethod
+    def _named(cls, value: str | None) -> str | None:
+        # An empty name would silently mean "no encryption".
+        if value is not None and not value.strip():
+            raise ValueError("must not be empty (leave the key out to store unencrypted)")
+        return value
+
 
 C = TypeVar("C", bound=TierConfig)
+
+
+def url_port(parts: SplitResult) -> int | None:
+    """The port of a split URL (None if it has none); ValueError unless 1-65535."""
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if port is not None and not 0 < port < 65536:
+        raise ValueError("port must be 1-65535")
+    return port
 
 
 def validate_config(model: type[C], tier_type: str, values: dict[str, Any]) -> C:

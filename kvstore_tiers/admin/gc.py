@@ -104,5 +104,8 @@ def gc(tier: Mapping[str, Any], *, max_age_s: float | None = None,
     if max_age_s is None and max_bytes is None:
         raise ConfigError("gc needs a maximum age and/or a maximum size")
     with open_store(tier) as backend:
-        return gc_store(backend, max_age_s=max_age_s, max_bytes=max_bytes,
-                        namespace=namespace, dry_run=dry_run, progress=progress)
+        result = gc_store(backend, max_age_s=max_age_s, max_bytes=max_bytes,
+                          namespace=namespace, dry_run=dry_run, progress=progress)
+        if not dry_run:
+            backend.sweep_temp_files()  # fs: temp files of writers killed mid-write
+        return result

@@ -177,6 +177,13 @@ class Backend(ABC):
     def touch_many(self, names: Sequence[str]) -> None:  # noqa: B027 - optional hook
         """Refresh recency/expiry of objects (LRU, TTL). Best effort; default: nothing."""
 
+    def sweep_temp_files(self) -> int:
+        """Remove what writers killed mid-write left behind (fs: their temp
+        files), never what a live writer still owns; returns how many. Called
+        at start and by ``gc``. Default: nothing (a store whose writes are
+        atomic server-side, as S3's PutObject and Redis' SET, leaves nothing)."""
+        return 0
+
     def read_into(self, item: LoadItem, codec: FrameCodec) -> int:
         """Load one frame into ``item.dest``: its header first, then the payload
         straight into the row (:meth:`FrameCodec.receive`); returns the frame's

@@ -5,12 +5,15 @@ Modules, one role each:
 * :mod:`.backend` -- :class:`FileSystemBackend`, the :class:`Backend`: batches
   of files in, frames through :class:`~kvstore_tiers.frame.FrameCodec`;
 * :mod:`.config` -- :class:`FsConfig`, the tier's keys;
-* :mod:`.layout` -- where a namespace's files live (shard directories, temp
-  names, the object walk);
+* :mod:`.layout` -- where a namespace's files live (shard directories, the
+  object walk);
+* :mod:`.writers` -- writer ids held by ``flock``, the temp-file names that
+  carry them, and the sweep of killed writers' temp files;
 * :mod:`.direct` -- O_DIRECT: the probe and the page-aligned buffers it needs;
 * :mod:`.fileio` -- the per-batch file calls (compiled ``_fsio.c`` and their
   pure-Python twins);
-* :mod:`.capacity` -- the ``max_bytes`` / ``min_free_bytes`` controller.
+* :mod:`.capacity` -- the ``max_bytes`` / ``min_free_bytes`` controller:
+  room reserved before each write in a ledger shared across processes.
 """
 
 from kvstore_tiers.backends.fs.backend import FileSystemBackend

@@ -8,7 +8,9 @@
   written with a page-sized header so an uncompressed payload lands, page
   aligned, straight in the primary row with one ``readv`` (:mod:`.direct`).
 * Capacity: ``max_bytes`` and/or ``min_free_bytes``, enforced by
-  :mod:`.capacity`.
+  :mod:`.capacity`: every file's room is reserved before it is written.
+* Temp files carry their writer's id (:mod:`.writers`); those of writers
+  killed mid-write are removed at start, by ``gc`` and by the capacity count.
 * Each load batch is one open-read-close call for all its files, each store
   batch one create-write-close-rename call (up to eight blocks each;
   :mod:`.fileio`), compiled where a C compiler exists.
@@ -49,7 +51,8 @@ from kvstore_tiers.backends.fs.direct import (
     aligned,
     probe_o_direct,
 )
-from kvstore_tiers.backends.fs.layout import TempNames, prepare_namespace_dir, walk_prefix
+from kvstore_tiers.backends.fs.layout import prepare_namespace_dir, walk_prefix
+from kvstore_tiers.backends.fs.writers import WriterLock, sweep_stale
 from kvstore_tiers.errors import ConfigError, ObjectCorrupt, ObjectMissing, TransientError
 from kvstore_tiers.frame import FrameCodec
 
@@ -91,8 +94,9 @@ class FileSystemBackend(Backend):
         self._root_prefix = f"{self.root}{os.sep}"
         self.use_o_direct = False
         self._pages = ThreadPages()
-        self._temp_name = TempNames()
+        self.writer: WriterLock | None = None
         self.capacity: Any = None
+        self.swept_temp_files = 0
 
     @property
     def tuning(self) -> IOTuning:
@@ -106,26 +110,52 @@ class FileSystemBackend(Backend):
             raise ConfigError(
                 f"fs tier: key 'root_dir': cannot use {str(self.root)!r}: {exc.strerror or exc}"
             ) from None
+        self.writer = WriterLock(self.base)
+        # Temp files of writers killed mid-write: never a live writer's.
+        self.swept_temp_files, swept_bytes = sweep_stale(self.base)
+        if self.swept_temp_files:
+            logger.info("fs tier: removed %d temp files of killed writers (%d KiB) under %s",
+                        self.swept_temp_files, swept_bytes >> 10, self.base)
         self.use_o_direct = self.config.o_direct and probe_o_direct(str(self.base))
         if self.config.o_direct and not self.use_o_direct:
             logger.info("fs tier: O_DIRECT not supported under %s; using buffered I/O", self.root)
         if self.config.max_bytes is not None or self.config.min_free_bytes is not None:
             from kvstore_tiers.backends.fs.capacity import CapacityController
 
-            self.capacity = CapacityController(self.base, self.config, self._on_evicted)
-            self.capacity.start()
+            capacity = CapacityController(self.base, self.config, self._on_evicted, self.writer)
+            try:
+                capacity.start()
+            except ConfigError:
+                self.close()
+                raise
+            self.capacity = capacity
 
     def close(self) -> None:
         if self.capacity is not None:
             self.capacity.stop()
             self.capacity = None
+        if self.writer is not None:
+            self.writer.close()
 
     def describe(self) -> str:
         cap = f", max_bytes={self.config.max_bytes}" if self.config.max_bytes else ""
         return f"fs root_dir={self.root} (O_DIRECT {'on' if self.use_o_direct else 'off'}{cap})"
 
+    def sweep_temp_files(self) -> int:
+        """Remove the temp files of dead writers (killed mid-write) under
+        ``root_dir``, every namespace; never a live writer's. Returns the count."""
+        files, nbytes = sweep_stale(self.root, walk=True)
+        if files:
+            logger.info("fs tier: removed %d temp files of killed writers (%d KiB) under %s",
+                        files, nbytes >> 10, self.root)
+        return files
+
     def _on_evicted(self, n_objects: int) -> None:
         self.evicted_objects += n_objects
+
+    def _temp_name(self, path: str) -> str:
+        assert self.writer is not None, "open() first"
+        return self.writer.temp_name(path)
 
     def path(self, name: str) -> str:
         # String concatenation, not pathlib: this runs on every block, holding the GIL.
@@ -136,8 +166,44 @@ class FileSystemBackend(Backend):
         """Atomically create object ``name`` from ``parts``; False if it exists already."""
         path = self.path(name)
         flags = O_DIRECT if self.use_o_direct and all(aligned(p) for p in parts) else 0
-        (res,) = fileio.publish_files([(self._temp_name(path), path, parts, flags)])
-        return self._published(res, path, parts, flags) > 0
+        (res,) = self._publish([(self._temp_name(path), path, parts, flags)])
+        if isinstance(res, BaseException):
+            raise res
+        return res > 0
+
+    def _publish(self, batch: list[fileio.PublishItem]) -> list[int | BaseException]:
+        """Publish ``batch`` (:func:`fileio.publish_files`) within the capacity
+        limits; per item the bytes written, 0 if it existed, or the tier's error.
+        With a capacity controller every file's room is reserved before it is
+        written, so neither ``max_bytes`` nor the ``min_free_bytes`` floor is
+        crossed by the writes in flight (:mod:`.capacity`)."""
+        cap = self.capacity
+        if cap is None:
+            return [self._result(res, item) for item, res in
+                    zip(batch, fileio.publish_files(batch), strict=True)]
+        out: list[int | BaseException] = []
+        sizes = [cap.size_on_disk(sum(len(p) for p in parts)) for _t, _p, parts, _f in batch]
+        while len(out) < len(batch):
+            first = len(out)
+            granted = cap.reserve(sizes[first:])
+            if not granted:
+                out += [TransientError(
+                    f"no space under max_bytes={self.config.max_bytes} / min_free_bytes="
+                    f"{self.config.min_free_bytes} in {self.base}")] * (len(batch) - first)
+                break
+            part = batch[first:first + granted]
+            for item, res, size in zip(part, fileio.publish_files(part),
+                                       sizes[first:first + granted], strict=True):
+                result = self._result(res, item)  # never raises
+                cap.release(size, size if isinstance(result, int) and result > 0 else 0)
+                out.append(result)
+        return out
+
+    def _result(self, res: int | OSError, item: fileio.PublishItem) -> int | BaseException:
+        try:
+            return self._published(res, item[1], item[2], item[3])
+        except Exception as exc:
+            return classify(exc)
 
     def _published(self, res: int | OSError, path: str, parts: Sequence[Buffer],
                    flags: int) -> int:
@@ -151,8 +217,6 @@ class FileSystemBackend(Backend):
                 raise res
         except OSError as exc:
             raise _classify_oserror(exc, path) from exc
-        if res and self.capacity is not None:
-            self.capacity.on_written(res)
         return res
 
     def get(self, name: str) -> bytes:
@@ -205,12 +269,8 @@ class FileSystemBackend(Backend):
                 batch.append((self._temp_name(path), path, (hdr, payload), O_DIRECT))
             else:
                 batch.append((self._temp_name(path), path, (header, payload), 0))
-        for (i, _h, _p), (_tmp, path, parts, flags), res in zip(
-                encoded, batch, fileio.publish_files(batch), strict=True):
-            try:
-                out[i] = self._published(res, path, parts, flags)
-            except Exception as exc:
-                out[i] = classify(exc)
+        for (i, _h, _p), res in zip(encoded, self._publish(batch), strict=True):
+            out[i] = res
         return out
 
     def read_into(self, item: LoadItem, codec: FrameCodec) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from kvstore_tiers.config import TierConfig
 
@@ -12,12 +12,22 @@ class FsConfig(TierConfig):
 
     root_dir: str = Field(description="Directory holding the blocks (created if missing).")
     max_bytes: int | None = Field(
-        None, gt=0, description="Cap on bytes on disk under root_dir for this namespace; "
-        "LRU eviction between high and low watermarks keeps usage below it.",
+        None, gt=0, le=1 << 60, description="Cap on the bytes on disk of this namespace's "
+        "directory (objects, temp files, shard directories; docs/fs.md): room is reserved "
+        "before each write, and LRU eviction between the watermarks keeps usage below it.",
     )
     min_free_bytes: int | None = Field(
-        None, ge=0, description="Free-space floor of the filesystem; eviction keeps it free.",
+        None, ge=0, le=1 << 60, description="Free-space floor of the filesystem, held as "
+        "writes happen (room is reserved before each write; LRU eviction frees it).",
     )
     high_watermark: float = Field(0.95, gt=0, le=1, description="Evict above this fraction.")
     low_watermark: float = Field(0.85, gt=0, le=1, description="Evict down to this fraction.")
     o_direct: bool = Field(True, description="Use O_DIRECT where the filesystem supports it.")
+
+    @field_validator("root_dir")
+    @classmethod
+    def _root_named(cls, value: str) -> str:
+        # "" would resolve to the working directory.
+        if not value.strip():
+            raise ValueError("must name a directory (an empty path means the working directory)")
+        return value

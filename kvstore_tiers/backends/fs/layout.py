@@ -7,15 +7,14 @@ from :meth:`Namespace.object_name`, under the root) plus
 (a ``.shards`` marker says so), so a store never pays for a ``mkdir`` (with
 vLLM's two-level layout a fresh store made two directories per block), and a
 directory holds ~2,500 files at 10 million blocks. A frame is written to a
-temp file beside its target and renamed into place.
+temp file beside its target (named for its writer, :mod:`.writers`) and
+renamed into place.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 from kvstore_tiers.namespace import SHARDS
 
-__all__ = ["SUFFIX", "TempNames", "make_shards", "prepare_namespace_dir", "walk_objects",
+__all__ = ["SUFFIX", "make_shards", "prepare_namespace_dir", "walk_objects",
            "walk_prefix"]
 
 #: Suffix of every object file (temp files and markers never end with it).
@@ -53,22 +52,6 @@ def make_shards(base: Path) -> None:
     for shard in SHARDS:
         (base / shard).mkdir(exist_ok=True)
     marker.write_text(f"{len(SHARDS)}\n")
-
-
-class TempNames:
-    """Temp-file names no other writer uses: a per-thread random tag and a
-    counter (no uuid per block; this runs on every store holding the GIL)."""
-
-    def __init__(self) -> None:
-        self._local = threading.local()
-
-    def __call__(self, path: str) -> str:
-        local = self._local
-        tag = getattr(local, "tag", None)
-        if tag is None:
-            tag = local.tag = uuid.uuid4().hex[:12]
-            local.seq = itertools.count()
-        return f"{path}.{tag}{next(local.seq):x}.tmp"
 
 
 def walk_objects(base: Path | str) -> Iterator[tuple[str, os.stat_result]]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_serializer, model_validator
+from pydantic import Field, SecretStr, field_serializer, field_validator, model_validator
 
-from kvstore_tiers.config import TierConfig
+from kvstore_tiers.config import TierConfig, url_port
 from kvstore_tiers.redact import redact_nodes, redact_url
 
 DEFAULT_PASSWORD_ENV = "KVSTORE_REDIS_PASSWORD"
@@ -25,7 +25,8 @@ class RedisConfig(TierConfig):
     )
     cluster: bool = Field(False, description="Talk to a Redis Cluster (redis-py RedisCluster).")
     nodes: list[str] | None = Field(
-        None, description="Cluster startup nodes as 'host:port' (implies cluster: true).",
+        None, min_length=1, max_length=1000,
+        description="Cluster startup nodes as 'host:port' (implies cluster: true).",
     )
     tls: bool = Field(False, description="Use TLS with 'nodes' (with 'url', use rediss://).")
     username: str | None = Field(None, description="ACL user name.")
@@ -44,15 +45,18 @@ class RedisConfig(TierConfig):
     tls_check_hostname: bool = Field(True, description="Verify the server name in its cert.")
     key_prefix: str = Field("kvstore:", description="Prefix of every key this tier writes.")
     ttl_s: int | None = Field(
-        None, ge=1, description="Expire blocks this many seconds after their last hit "
+        None, ge=1, le=10 * 365 * 86400,
+        description="Expire blocks this many seconds after their last hit "
         "(SET EX; a load refreshes it). None: keep until evicted by maxmemory.",
     )
     max_connections: int | None = Field(
-        None, ge=1, description="Connection pool size (per node in cluster mode). "
+        None, ge=1, le=10_000, description="Connection pool size (per node in cluster mode). "
         "Default: n_read_threads + n_write_threads + 4.",
     )
-    socket_timeout_s: float = Field(5.0, gt=0, description="Timeout of one socket read/write.")
-    connect_timeout_s: float = Field(2.0, gt=0, description="Timeout of one TCP/TLS connect.")
+    socket_timeout_s: float = Field(
+        5.0, gt=0, le=600, description="Timeout of one socket read/write.")
+    connect_timeout_s: float = Field(
+        2.0, gt=0, le=600, description="Timeout of one TCP/TLS connect.")
     retries: int = Field(
         2, ge=0, le=10, description="Retries (exponential backoff, 50 ms doubling, capped "
         "at 1 s) of a command after a connection error or timeout.",
@@ -65,16 +69,38 @@ class RedisConfig(TierConfig):
         "false: plain redis-py pipelines.",
     )
 
+    @field_validator("nodes")
+    @classmethod
+    def _host_ports(cls, nodes: list[str] | None) -> list[str] | None:
+        for node in nodes or ():
+            host, sep, port = node.rpartition(":")
+            if not sep or not host.strip("[]") or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"each node is 'host:port' with a port of 1-65535, not {node!r}")
+        return nodes
+
+    @field_validator("url")
+    @classmethod
+    def _url_named(cls, url: str | None) -> str | None:
+        if url is None:
+            return url
+        parts = urlsplit(url)
+        if parts.scheme not in ("redis", "rediss", "unix"):
+            raise ValueError("scheme must be redis://, rediss:// or unix://, "
+                             f"not {parts.scheme or '(none)'}")
+        if parts.scheme == "unix" and not parts.path:
+            raise ValueError("unix:// needs a socket path")
+        if parts.scheme != "unix":
+            if not parts.hostname:
+                raise ValueError("needs a host")
+            url_port(parts)
+        return url
+
     @model_validator(mode="after")
     def _check(self) -> RedisConfig:
         if self.url is not None and self.nodes:
             raise ValueError("set either 'url' or 'nodes', not both")
         if self.url is not None:
             scheme = urlsplit(self.url).scheme
-            if scheme not in ("redis", "rediss", "unix"):
-                raise ValueError(
-                    f"url scheme must be redis://, rediss:// or unix://, not {scheme or '(none)'}"
-                )
             tls_files = self.tls_ca_file or self.tls_cert_file or self.tls_key_file
             if tls_files and scheme != "rediss":
                 raise ValueError("TLS files are set but the url is not rediss://")

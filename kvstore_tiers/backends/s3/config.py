@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
-from kvstore_tiers.config import TierConfig, validate_config
+from kvstore_tiers.config import TierConfig, url_port, validate_config
 
 SUFFIX = ".kvf"
 #: Largest body of one PutObject (S3 limit). A KV block frame is far below it
 #: (megabytes), so the backend never needs multipart upload.
 MAX_SINGLE_PUT = 5 * 1024**3
+#: What botocore accepts as a region name.
+_REGION = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?$")
 
 
 class S3Config(TierConfig):
@@ -44,10 +49,12 @@ class S3Config(TierConfig):
         64, ge=1, le=4096, description="Requests in flight at once (and connection pool size).",
     )
     connect_timeout_s: float = Field(
-        2.0, gt=0, description="TCP/TLS connect timeout; short, so a dead endpoint fails fast.",
+        2.0, gt=0, le=300,
+        description="TCP/TLS connect timeout; short, so a dead endpoint fails fast.",
     )
     read_timeout_s: float = Field(
-        5.0, gt=0, description="Socket read timeout per request (the start-up probe uses at "
+        5.0, gt=0, le=600,
+        description="Socket read timeout per request (the start-up probe uses at "
         "most 2 s).",
     )
     retry_mode: Literal["standard", "adaptive", "legacy"] = Field(
@@ -55,7 +62,8 @@ class S3Config(TierConfig):
     )
     max_attempts: int = Field(3, ge=1, le=20, description="Attempts per request, retries incl.")
     request_deadline_s: float = Field(
-        10.0, gt=0, description="Deadline of one batch of requests (retries included); past "
+        10.0, gt=0, le=600,
+        description="Deadline of one batch of requests (retries included); past "
         "it the batch fails with a transient error: a load that cannot arrive by then is a "
         "miss, and the failure counts towards the circuit breaker.",
     )
@@ -68,13 +76,40 @@ class S3Config(TierConfig):
     sse_kms_key_id: str | None = Field(None, description="KMS key id/ARN for sse='aws:kms'.")
     create_bucket: bool = Field(False, description="Create the bucket at startup if missing.")
     negative_cache_s: float = Field(
-        2.0, ge=0, description="Seconds a block found absent by HEAD is remembered as absent "
+        2.0, ge=0, le=3600,
+        description="Seconds a block found absent by HEAD is remembered as absent "
         "(lookups of it send no request meanwhile); 0 disables.",
     )
     conditional_put: bool = Field(
         True, description="Use If-None-Match: * so an existing object is never rewritten "
         "(falls back to plain PUT if the server does not implement it).",
     )
+
+    @field_validator("endpoint_url")
+    @classmethod
+    def _endpoint(cls, url: str | None) -> str | None:
+        if url is None:
+            return url
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"must be an http:// or https:// URL with a host, not {url!r}")
+        url_port(parts)
+        return url
+
+    @field_validator("region")
+    @classmethod
+    def _region(cls, region: str | None) -> str | None:
+        if region is not None and not _REGION.match(region):
+            raise ValueError(f"not a region name (letters, digits and '-'): {region!r}")
+        return region
+
+    @field_validator("ca_bundle")
+    @classmethod
+    def _ca_bundle(cls, path: str | None) -> str | None:
+        # A missing bundle would pass start-up here and fail every request.
+        if path is not None and not os.path.isfile(os.path.expanduser(path)):
+            raise ValueError(f"no such file: {path!r}")
+        return path
 
     @model_validator(mode="after")
     def _check(self) -> S3Config:
