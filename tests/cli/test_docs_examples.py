@@ -5,7 +5,8 @@ is read inside braces) or the quoted JSON after ``--kv-transfer-config``,
 ``--config`` or ``--tiers-json`` in a shell block. Each tier of it is checked
 as a user would, against a real store: fs examples under a temporary root,
 redis examples against a redis-server and s3 examples against a moto server
-started here, with only the endpoint (and the fs root) substituted. Every
+started here, with only the endpoint (and the fs root, and an fs free-space floor larger
+than this disk can hold) substituted. Every
 other key, ``backpressure`` included, reaches vLLM's real factory, so an
 example that the installed vLLM refuses fails here (the suite runs on both
 vLLM versions). An example followed in its block by ``FAIL`` is a documented
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -74,6 +76,12 @@ def _endpoint(tier: dict[str, Any], request: pytest.FixtureRequest,
     kind = tier["type"]
     if kind == "fs":
         tier["root_dir"] = str(root)
+        if tier.get("min_free_bytes"):
+            # The floor is a property of the user's disk, held before every write:
+            # keep the key, at a size the test machine's disk can hold.
+            root.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(root).free
+            tier["min_free_bytes"] = min(tier["min_free_bytes"], free // 4)
     elif kind == "redis":
         server = request.getfixturevalue("redis_server")
         parts = urlsplit(tier.get("url", "redis://localhost:6379/0"))
