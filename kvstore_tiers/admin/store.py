@@ -85,11 +85,15 @@ def read_run_config(backend: Backend, namespace: str) -> dict[str, Any] | None:
 
 
 def describe_run_config(cfg: Mapping[str, Any] | None) -> dict[str, str]:
-    """model / dtype / layout of a run config, as short strings ("?" when unknown)."""
+    """model / dtype / layout / identity of a run config, as short strings
+    ("?" when unknown; identity "off" when the namespace carries none)."""
     if not cfg:
-        return {"model": "?", "dtype": "?", "layout": "?"}
+        return {"model": "?", "dtype": "?", "layout": "?", "identity": "?"}
     layout_keys = ("tp_size", "pp_size", "pcp_size", "dcp_size", "tokens_per_hash",
                    "blocks_per_chunk", "blocks_per_file")
     parts = [f"{k}={cfg[k]}" for k in layout_keys if k in cfg]
+    identity = cfg.get("model_identity") or {}
     return {"model": str(cfg.get("model_name", "?")), "dtype": str(cfg.get("dtype", "?")),
-            "layout": " ".join(parts) or "?"}
+            "layout": " ".join(parts) or "?",
+            # Digests cut to 12 characters: enough to tell revisions apart at a glance.
+            "identity": " ".join(f"{k}={str(v)[:12]}" for k, v in identity.items()) or "off"}

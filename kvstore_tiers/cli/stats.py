@@ -57,13 +57,18 @@ def stats(namespace: str | None, as_json: bool, **store: Any) -> None:
         console.print(f"[bold]{tier_title(tier)}[/]: {s.objects} objects, "
                       f"{human_bytes(s.bytes)} in {len(s.namespaces)} namespace(s)")
         t = Table(title="namespaces")
-        for col in ("namespace", "model", "dtype", "layout", "objects", "bytes", "newest"):
-            t.add_column(col, justify="right" if col in ("objects", "bytes") else "left")
         described = s.as_dict()["namespaces"]
+        # The model identity column only where a namespace carries one (JSON: always).
+        with_identity = any(d["identity"] != "off" for d in described.values())
+        cols = ("namespace", "model", "dtype", "layout", *(("identity",) * with_identity),
+                "objects", "bytes", "newest")
+        for col in cols:
+            t.add_column(col, justify="right" if col in ("objects", "bytes") else "left")
         for name, ns in sorted(s.namespaces.items()):
             d = described[name]
             age = f"{(now - ns.newest) / 60:.1f} min ago" if ns.newest else "?"
-            t.add_row(name, d["model"], d["dtype"], d["layout"], str(ns.objects),
+            t.add_row(name, d["model"], d["dtype"], d["layout"],
+                      *((d["identity"],) * with_identity), str(ns.objects),
                       human_bytes(ns.bytes), age)
         console.print(t)
         h = Table(title="age histogram")

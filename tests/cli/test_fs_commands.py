@@ -70,6 +70,8 @@ def test_stats_counts_objects_namespaces_and_ages(fs_store: Path) -> None:
     ((name, ns),) = st["namespaces"].items()
     assert name == files[0].relative_to(fs_store).parts[0]
     assert ns["model"] == "org/model" and ns["dtype"] == "bfloat16" and "tp_size=1" in ns["layout"]
+    # The harness's model has no files to fingerprint: the namespace carries no identity.
+    assert ns["identity"] == "off"
     assert st["age_histogram"]["<7d"]["objects"] == 3
     assert st["age_histogram"]["<1m"]["objects"] == 5
     human = invoke("stats", "--fs", str(fs_store))
