@@ -67,3 +67,5 @@ def test_one_pair_of_real_engine_runs(tmp_path: Path) -> None:
         assert warm["outputs"] == runs["recompute"]["warm"]["outputs"]
     assert "recompute" not in engine["summary"]["speedup_vs_recompute"]
     assert data["code"]["path"]
+    logged = [json.loads(line) for line in (out / "engine-runs" / "runs.jsonl").open()]
+    assert logged == engine["runs"]

@@ -16,6 +16,7 @@ runs into the paired ratios.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -51,7 +52,8 @@ class EnginePlan:
     single_process: bool = True
     #: Tier directories (one fresh directory per run, removed after it).
     directory: Path = field(default_factory=lambda: Path(".bench-kvstore"))
-    #: Phase logs and results (``<log_dir>/pair<N>-<arm>/<phase>/``).
+    #: Phase logs and results (``<log_dir>/pair<N>-<arm>/<phase>/``), and
+    #: ``runs.jsonl``: each run's record as soon as it ends.
     log_dir: Path = field(default_factory=lambda: Path("bench-results") / "engine-runs")
     phase_timeout_s: float = 1200.0
 
@@ -125,10 +127,15 @@ def run(plan: EnginePlan, progress: Callable[[str], None] = print) -> dict[str, 
     progress(f"engine: preparing model {plan.model}")
     model_dir = str(resolve_model(plan.model))
     plan.directory.mkdir(parents=True, exist_ok=True)
+    plan.log_dir.mkdir(parents=True, exist_ok=True)
     runs = []
-    for pair in range(plan.pairs):
-        for position, arm in enumerate(run_order(pair)):
-            runs.append(run_arm(plan, model_dir, pair, position, arm, progress))
+    with open(plan.log_dir / "runs.jsonl", "w") as log:
+        for pair in range(plan.pairs):
+            for position, arm in enumerate(run_order(pair)):
+                runs.append(run_arm(plan, model_dir, pair, position, arm, progress))
+                # an interrupted run still leaves the pairs it finished
+                log.write(json.dumps(runs[-1]) + "\n")
+                log.flush()
     return {"plan": plan.describe(), "model_dir": model_dir, "runs": runs,
             "summary": summarize(runs)}
 
