@@ -248,7 +248,7 @@ def test_max_bytes_caps_usage_on_a_small_disk(tmpfs: Path, chunk: int) -> None:
 _CAPPED_WRITER = r"""
 import sys
 import numpy as np
-from kvstore_tiers.harness import build_harness, make_keys
+from kvstore_tiers.tools.harness import build_harness, make_keys
 
 root = sys.argv[1]
 cap, chunk, n, seed = (int(a) for a in sys.argv[2:6])
