@@ -57,6 +57,26 @@ def _regions() -> set[Path]:
     return set(SHM_DIR.glob(PATTERN))
 
 
+def _regions_of(log_text: str) -> set[Path]:
+    """The offload regions a server's own log says it created (other vLLM
+    processes on the machine make regions of their own meanwhile)."""
+    return {Path(m) for m in re.findall(r"Created mmap file (/dev/shm/vllm_offload_\S+\.mmap)",
+                                        log_text)}
+
+
+def _wait_unused(paths: set[Path], timeout_s: float = 60.0) -> None:
+    """Until no live process maps or holds ``paths``: a SIGKILLed server's
+    engine processes are gone only once the kernel has torn them down."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        used = inodes_in_use(Path("/proc"), SHM_DIR)
+        live = [p for p in paths if p.exists() and (p.stat().st_dev, p.stat().st_ino) in used]
+        if not live:
+            return
+        time.sleep(0.5)
+    pytest.fail(f"processes of the killed server still map {sorted(paths)}")
+
+
 def _shm_files() -> set[Path]:
     return set(SHM_DIR.iterdir()) if SHM_DIR.is_dir() else set()
 
@@ -174,20 +194,21 @@ def test_openai_server_restart_served_from_tier(tiny_model: Path, tmp_path: Path
     shared = PREFIX_TOKENS // BLOCK
     chunks = shared + 2 * ((PREFIX_TOKENS + SUFFIX_TOKENS) // BLOCK - shared)  # distinct
     tier_root = tmp_path / "tier"
-    before, shm_before = _regions(), _shm_files()
+    shm_before = _shm_files()
 
     a = Server(tiny_model, tier_root, tmp_path / "server-a.log")
     try:
         a.wait_ready()
         cold = [a.complete(p) for p in prompts]
         metrics_a = a.wait_stored(chunks)
-        left_by_a = _regions() - before
+        left_by_a = _regions_of(a.text()) & _regions()
         a.kill_hard()
     finally:
         a.stop()
         _remove_unused(_shm_files() - shm_before)
     assert left_by_a, "server A made no region in /dev/shm"
     assert _regions() >= left_by_a  # SIGKILL: nobody removed it
+    _wait_unused(left_by_a)  # stale from here on: B's tier start must remove it
 
     b = Server(tiny_model, tier_root, tmp_path / "server-b.log")
     try:
