@@ -71,7 +71,13 @@ def split_credentials(url: str) -> tuple[str, str | None, str | None]:
     _, _, hostport = parts.netloc.rpartition("@")
     user = unquote(parts.username) if parts.username else None
     pwd = unquote(parts.password) if parts.password is not None else None
-    return urlunsplit(parts._replace(netloc=hostport)), user, pwd
+    bare = urlunsplit(parts._replace(netloc=hostport))
+    if not hostport and bare.startswith(f"{parts.scheme}:") and not bare.startswith(
+            f"{parts.scheme}://"):
+        # unix://:pw@/path.sock: an empty netloc would print as unix:/path.sock,
+        # which redis-py refuses; keep the authority marker.
+        bare = f"{parts.scheme}://{bare[len(parts.scheme) + 1:]}"
+    return bare, user, pwd
 
 
 def credentials(cfg: RedisConfig) -> tuple[str | None, str | None]:
