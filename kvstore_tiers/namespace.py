@@ -28,6 +28,7 @@ import hashlib
 import json
 import logging
 import sys
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -99,10 +100,12 @@ class Namespace:
         the fields it leaves out (module doc).
 
         ``engine_config`` is the engine's VllmConfig; by default the one of
-        the engine building the tier (:func:`current_engine_config`), and the
+        the engine building the tier (:func:`current_engine_config`); the
         engine fields are left out when there is none (a manager built outside
-        an engine). Raises :class:`~kvstore_tiers.fingerprint.FingerprintError`
-        when the model's files cannot be fingerprinted."""
+        an engine) and make the namespace private to this process when an
+        engine builds the tier but its config cannot be read. Raises
+        :class:`~kvstore_tiers.fingerprint.FingerprintError` when the model's
+        files cannot be fingerprinted."""
         from vllm.v1.kv_offload.file_mapper import FileMapper
 
         mapper = FileMapper.from_offloading_spec(
@@ -112,13 +115,19 @@ class Namespace:
             parallel_agnostic=parallel_agnostic_layout(spec.config),
         )
         cfg = mapper.get_run_config()
-        vllm_config = engine_config if engine_config is not None else current_engine_config()
+        unreadable: dict[str, str] = {}
+        vllm_config = engine_config
+        if vllm_config is None:
+            try:
+                vllm_config = current_engine_config()
+            except EngineConfigUnreadable as exc:
+                unreadable = unreadable_engine_fields(exc)
         layout = getattr(spec.config, "kv_cache_layout", None)
         if layout is None and vllm_config is not None:
             layout = getattr(vllm_config.cache_config, "kv_cache_layout", None)
         if layout is not None:
             cfg["kv_cache_layout"] = str(layout)
-        engine = engine_fields(vllm_config)
+        engine = unreadable or engine_fields(vllm_config)
         if engine:
             cfg["engine"] = engine
         model_cfg = getattr(vllm_config, "model_config", None)
@@ -184,15 +193,39 @@ def parallel_agnostic_layout(config: Any) -> bool:
                 or getattr(config, "replicated_layout", False))
 
 
+class EngineConfigUnreadable(LookupError):
+    """vLLM's engine is building this tier, but its VllmConfig was not found."""
+
+
+#: Modules with a frame on the stack only while vLLM's engine builds the
+#: connector (the scheduler, the connector factory and the connector). A
+#: manager built by hand (the harness, the CLI) calls vllm.v1.kv_offload only.
+_ENGINE_MODULES = ("vllm.v1.core.", "vllm.v1.engine.", "vllm.distributed.kv_transfer.")
+_MAX_FRAMES = 40
+
+
 def current_engine_config() -> Any | None:
-    """The VllmConfig of the engine that is building this tier, or None.
+    """The VllmConfig of the engine that is building this tier, or None when
+    no engine is (a manager built by hand).
 
     vLLM hands a tier only the normalised OffloadingConfig, which drops the
     model dtype (once the KV cache dtype is set), the quantisation method,
-    the revision and the download directory. vLLM's ``get_current_vllm_config``
-    is not set while the scheduler builds its connector, but the connector's
-    constructor holds the engine's config as its ``vllm_config`` argument, a
-    few frames up: we read it from there (read only, once, at start-up)."""
+    the revision and the download directory; neither the OffloadingSpec nor
+    the tier factory carries the VllmConfig (vLLM 0.32 and 0.33 alike). The
+    supported source, vLLM's current config, is used when set, but the
+    scheduler builds its connector outside ``set_current_vllm_config``. The
+    fallback, on both versions: the connector's constructor holds the
+    engine's config as its ``vllm_config`` argument a few frames up
+    (``OffloadingConnector.__init__``, ``OffloadingConnectorScheduler.__init__``),
+    and the nearest frame whose ``vllm_config`` is a VllmConfig is read
+    (once, at start-up).
+    tests/unit/test_engine_config_read.py builds the connector through vLLM's
+    own factory on each version.
+
+    Raises :class:`EngineConfigUnreadable` when an engine frame is on the
+    stack but no frame holds its config (a vLLM that builds connectors in
+    another way): the caller then makes the namespace private, never shared.
+    """
     try:
         from vllm.config import VllmConfig, get_current_vllm_config_or_none
     except ImportError:
@@ -200,15 +233,30 @@ def current_engine_config() -> Any | None:
     current = get_current_vllm_config_or_none()
     if current is not None:
         return current
+    in_engine = False
     frame = sys._getframe(1)
-    for _ in range(40):
+    for _ in range(_MAX_FRAMES):
         if frame is None:
             break
         candidate = frame.f_locals.get("vllm_config")
         if isinstance(candidate, VllmConfig):
             return candidate
+        in_engine = in_engine or str(frame.f_globals.get("__name__", "")).startswith(
+            _ENGINE_MODULES)
         frame = frame.f_back
+    if in_engine:
+        raise EngineConfigUnreadable("vLLM's engine is building this tier, but its "
+                                     "configuration was not found on the call stack")
     return None
+
+
+def unreadable_engine_fields(exc: EngineConfigUnreadable) -> dict[str, str]:
+    """Engine fields that no other process can match: a namespace private to
+    this process (every lookup of a block stored by another engine misses)."""
+    logger.warning("kvstore namespace: %s; the model dtype, quantisation and revision "
+                   "cannot enter the namespace, so this tier's namespace is private to "
+                   "this process (no KV is shared with other engines)", exc)
+    return {"unreadable": uuid.uuid4().hex}
 
 
 def engine_fields(vllm_config: Any | None) -> dict[str, str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,7 @@ import numpy as np
 import pytest
 
 from kvstore_tiers.tools.harness import Harness, make_keys
+from tests.unit.engine_configs import BASE, kv_cache_config_for, vllm_config_for
 
 pytest.importorskip("vllm.engine.arg_utils")
 
@@ -30,14 +30,10 @@ def _no_platform() -> bool:
     return current_platform.is_unspecified()
 
 
-# The 0.33 tree here is vLLM's Python code without a platform build: it cannot
-# make an engine config. Its build_offloading_config and FileMapper feed the
-# same run-config fields (docs/model-identity.md).
+# The 0.33 tree here is vLLM's Python code without a platform build: it makes
+# engine configs only with VLLM_TARGET_DEVICE=cpu set before vLLM resolves its
+# platform, which scripts/test.sh does in a pass of its own for this module.
 pytestmark = pytest.mark.skipif(_no_platform(), reason="needs a vLLM platform build (CPU)")
-
-BASE: dict[str, Any] = {"dtype": "float32", "kv_cache_dtype": "auto", "block_size": 128,
-                        "chunk": 128, "layout": "LBHNC", "canonical": False, "tp": 1,
-                        "sliding": False, "quantization": None, "model": "tiny"}
 
 
 @pytest.fixture(scope="module")
@@ -71,51 +67,6 @@ class Engine:
     harness: Harness
     namespace: Any
     _stack: list[Any] = field(default_factory=list)
-
-
-def vllm_config_for(model: Path, root: Path, case: dict[str, Any]) -> Any:
-    from vllm.engine.arg_utils import EngineArgs
-
-    extra: dict[str, Any] = {
-        "spec_name": "TieringOffloadingSpec", "cpu_bytes_to_use": 8 << 20,
-        "block_size": case["chunk"], "tier_poll_interval_s": 0,
-        "secondary_tiers": [{"type": "fs", "root_dir": str(root)}],
-    }
-    if case["canonical"]:
-        extra["canonical_layout"] = True
-    args = EngineArgs(
-        model=str(model), dtype=case["dtype"], kv_cache_dtype=case["kv_cache_dtype"],
-        block_size=case["block_size"], max_model_len=4096, enforce_eager=True,
-        tensor_parallel_size=case["tp"], quantization=case["quantization"],
-        distributed_executor_backend="mp" if case["tp"] > 1 else None,
-        kv_transfer_config={"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-                            "engine_id": f"kvstore-test-{uuid.uuid4().hex[:8]}",
-                            "kv_connector_extra_config": extra},
-    )
-    vc = args.create_engine_config()
-    vc.cache_config.kv_cache_layout = case["layout"]  # the engine core resolves it
-    return vc
-
-
-def kv_cache_config_for(vc: Any, sliding: bool) -> Any:
-    """The engine's KVCacheConfig for the tiny Llama's layers (as the workers report them)."""
-    from vllm.utils.torch_utils import kv_cache_dtype_str_to_dtype
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_configs
-    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
-
-    mc, pc = vc.model_config, vc.parallel_config
-    dtype = kv_cache_dtype_str_to_dtype(vc.cache_config.cache_dtype, mc)
-    common = {"block_size": vc.cache_config.block_size,
-              "num_kv_heads": mc.get_num_kv_heads(pc), "head_size": mc.get_head_size(),
-              "dtype": dtype}
-    specs: dict[str, Any] = {}
-    for i in range(mc.get_num_layers(pc)):
-        name = f"model.layers.{i}.self_attn.attn"
-        if sliding and i % 2 == 0:
-            specs[name] = SlidingWindowSpec(sliding_window=256, **common)
-        else:
-            specs[name] = FullAttentionSpec(**common)
-    return get_kv_cache_configs(vc, [specs], [64 << 20])[0]
 
 
 @pytest.fixture
@@ -240,17 +191,3 @@ def test_tensor_parallel_layouts(engine: Any, model: str) -> None:
     _store(tp2)
     assert _lookup(tp1) == [LookupResult.MISS] * 4
     assert _lookup(engine(model=model, tp=2)) == [LookupResult.HIT] * 4
-
-
-def test_engine_config_is_found_without_being_current(engine: Any) -> None:
-    """The scheduler builds the connector with no current vLLM config; the
-    namespace finds the engine's config in its caller's ``vllm_config``."""
-    from kvstore_tiers.namespace import current_engine_config
-
-    vc = engine().vllm_config
-
-    def connector_init(vllm_config: Any) -> Any:  # stands for OffloadingConnector.__init__
-        return current_engine_config()
-
-    assert connector_init(vc) is vc
-    assert current_engine_config() is None

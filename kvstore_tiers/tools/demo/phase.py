@@ -102,6 +102,7 @@ def build_llm(request: dict[str, Any]) -> Any:
     kwargs: dict[str, Any] = {
         "model": request["model"],
         "dtype": request.get("dtype", "auto"),
+        "kv_cache_dtype": request.get("kv_cache_dtype", "auto"),
         "max_model_len": request.get("max_model_len", 4096),
         # torch.compile would add minutes of startup on a small CPU box
         "enforce_eager": True,

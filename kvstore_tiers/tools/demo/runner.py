@@ -49,6 +49,7 @@ class PhaseSpec:
     block_size: int = 128
     cpu_bytes: int = 256 << 20
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"  # vLLM's --kv-cache-dtype
     max_model_len: int = 4096
     env: dict[str, str] = field(default_factory=dict)  # extra env (e.g. VLLM_PLUGINS)
     # Engine core and worker inside the phase process (no extra processes):
@@ -89,6 +90,7 @@ def run_phase(
         "block_size": spec.block_size,
         "cpu_bytes": spec.cpu_bytes,
         "dtype": spec.dtype,
+        "kv_cache_dtype": spec.kv_cache_dtype,
         "max_model_len": spec.max_model_len,
         "events_path": str(d / "events.jsonl"),
         "single_process": spec.single_process,
