@@ -59,6 +59,21 @@ class TierConfig(BaseModel):
         description="Keys remembered as stored or being stored by this process: lookups "
         "of stored ones HIT without I/O, stores of either are skipped. 0 turns both off.",
     )
+    admission: Literal["always", "reuse"] = Field(
+        "always", description="Which offered blocks the tier writes (docs/admission.md). "
+        "always: every block. reuse: a block once it has been offered "
+        "admission_min_sightings times (loads count too).",
+    )
+    admission_min_sightings: int = Field(
+        2, ge=2, le=15, description="reuse: sightings (store offers and loads) of a block "
+        "before it is written.",
+    )
+    admission_sketch_width: int = Field(
+        1 << 20, ge=1 << 10, le=1 << 26, description="Counters per row of the admission "
+        "frequency sketch (a power of two; 4 rows of one byte each: 4 MiB at the default). "
+        "Counters are halved every admission_sketch_width sightings. Make it at least the "
+        "number of distinct blocks offered between two halvings; used by reuse and adaptive.",
+    )
     enable_kv_events: bool = Field(
         False, description="Emit BlockStored events (needs KV events enabled globally)."
     )
@@ -98,6 +113,13 @@ class TierConfig(BaseModel):
         None, description="Path of a file holding the AES key (hex, base64 or raw bytes); "
         "alternative to encryption_key_env.",
     )
+
+    @field_validator("admission_sketch_width")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError("must be a power of two")
+        return value
 
     @field_validator("encryption_key_env", "encryption_key_file")
     @classmethod
