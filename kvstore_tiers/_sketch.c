@@ -65,6 +65,23 @@ static int bump(unsigned char *table, Py_ssize_t width, uint32_t mask, PyObject 
     return m + 1;
 }
 
+/* The table (a writable buffer of ROWS rows) and its mask (width - 1). */
+static int parse_table(PyObject *table, PyObject *mask_obj, Py_buffer *buf, uint32_t *mask,
+                       Py_ssize_t *width) {
+    unsigned long m = PyLong_AsUnsignedLong(mask_obj);
+    if (m == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    if (PyObject_GetBuffer(table, buf, PyBUF_WRITABLE) < 0) return -1;
+    *width = (Py_ssize_t)m + 1;
+    if (m > 0xFFFFFFFFul || (*width & (*width - 1)) || buf->len != ROWS * *width) {
+        PyBuffer_Release(buf);
+        PyErr_SetString(PyExc_ValueError, "table must be 4 rows of mask + 1 (a power of two)");
+        return -1;
+    }
+    *mask = (uint32_t)m;
+    return 0;
+}
+
+/* (table, keys: list, mask, ...) */
 static int parse(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, Py_buffer *buf,
                  uint32_t *mask, Py_ssize_t *width) {
     if (nargs != want) {
@@ -75,17 +92,7 @@ static int parse(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, Py_bu
         PyErr_SetString(PyExc_TypeError, "keys must be a list");
         return -1;
     }
-    unsigned long m = PyLong_AsUnsignedLong(args[2]);
-    if (m == (unsigned long)-1 && PyErr_Occurred()) return -1;
-    if (PyObject_GetBuffer(args[0], buf, PyBUF_WRITABLE) < 0) return -1;
-    *width = (Py_ssize_t)m + 1;
-    if (m > 0xFFFFFFFFul || (*width & (*width - 1)) || buf->len != ROWS * *width) {
-        PyBuffer_Release(buf);
-        PyErr_SetString(PyExc_ValueError, "table must be 4 rows of mask + 1 (a power of two)");
-        return -1;
-    }
-    *mask = (uint32_t)m;
-    return 0;
+    return parse_table(args[0], args[2], buf, mask, width);
 }
 
 /* offer(table, keys, mask, threshold) -> None | list[int]
@@ -153,7 +160,86 @@ static PyObject *increment(PyObject *self, PyObject *const *args, Py_ssize_t nar
     Py_RETURN_NONE;
 }
 
+/* The minimum of the key's counters (the key is checked by the caller). */
+static unsigned char count_of(const unsigned char *table, Py_ssize_t width, uint32_t mask,
+                              PyObject *key) {
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(key);
+    uint32_t g = group_of(p, PyBytes_GET_SIZE(key));
+    unsigned char m = 255;
+    for (int r = 0; r < ROWS; r++) {
+        unsigned char c = table[(Py_ssize_t)r * width + ((load_u32(p + 4 * r) ^ g) & mask)];
+        if (c < m) m = c;
+    }
+    return m;
+}
+
+/* estimate(table, key, mask) -> int: the key's count (the minimum of its counters). */
+static PyObject *estimate(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer buf;
+    uint32_t mask;
+    Py_ssize_t width;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "estimate(table, key, mask)");
+        return NULL;
+    }
+    if (parse_table(args[0], args[2], &buf, &mask, &width) < 0) return NULL;
+    PyObject *key = args[1];
+    if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) < 4 * ROWS) {
+        PyBuffer_Release(&buf);
+        PyErr_SetString(PyExc_ValueError, "sketch keys must be bytes of at least 16 bytes");
+        return NULL;
+    }
+    unsigned char m = count_of((const unsigned char *)buf.buf, width, mask, key);
+    PyBuffer_Release(&buf);
+    return PyLong_FromLong(m);
+}
+
+/* sample(table, keys, mask, limit) -> None | list: the keys whose byte 31 is
+ * below `limit` (a hash sample of limit in 256), each followed by its count,
+ * flat: [key, count, key, count, ...]; None if there are none. */
+static PyObject *sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    Py_buffer buf;
+    uint32_t mask;
+    Py_ssize_t width;
+    if (parse(args, nargs, 4, &buf, &mask, &width) < 0) return NULL;
+    long limit = PyLong_AsLong(args[3]);
+    if (limit == -1 && PyErr_Occurred()) {
+        PyBuffer_Release(&buf);
+        return NULL;
+    }
+    PyObject *keys = args[1];
+    PyObject *out = NULL;
+    Py_ssize_t n = PyList_GET_SIZE(keys);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) < 32) {
+            PyErr_SetString(PyExc_ValueError, "sampled keys must be bytes of at least 32 bytes");
+            goto error;
+        }
+        if (((const unsigned char *)PyBytes_AS_STRING(key))[31] >= limit) continue;
+        if (out == NULL && (out = PyList_New(0)) == NULL) goto error;
+        PyObject *count = PyLong_FromLong(count_of((const unsigned char *)buf.buf, width, mask,
+                                                   key));
+        if (count == NULL || PyList_Append(out, key) < 0 || PyList_Append(out, count) < 0) {
+            Py_XDECREF(count);
+            goto error;
+        }
+        Py_DECREF(count);
+    }
+    PyBuffer_Release(&buf);
+    if (out == NULL) Py_RETURN_NONE;
+    return out;
+error:
+    Py_XDECREF(out);
+    PyBuffer_Release(&buf);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"estimate", (PyCFunction)(void (*)(void))estimate, METH_FASTCALL,
+     "estimate(table, key, mask) -> int"},
+    {"sample", (PyCFunction)(void (*)(void))sample, METH_FASTCALL,
+     "sample(table, keys, mask, limit) -> None | list"},
     {"offer", (PyCFunction)(void (*)(void))offer, METH_FASTCALL,
      "offer(table, keys, mask, threshold) -> None | list[int]"},
     {"increment", (PyCFunction)(void (*)(void))increment, METH_FASTCALL,

@@ -109,12 +109,27 @@ def start_pool(config: TierConfig, tier_type: str, namespace: Namespace, codec_i
     )
 
 
-def admission_policy(config: TierConfig, backend: Backend, counters: TierCounters
-                     ) -> Policy | None:
-    """The tier's store admission policy; None for ``admission: always`` (no call at all)."""
-    from kvstore_tiers.admission import FrequencySketch, ReusePolicy
+def admission_policy(config: TierConfig, backend: Backend, counters: TierCounters,
+                     row_bytes: int) -> Policy | None:
+    """The tier's store admission policy; None for ``admission: always`` (no call at all).
+
+    ``adaptive`` starts its probe thread here (stopped by the policy's ``close``)."""
+    from kvstore_tiers.admission import (
+        PROBE_INTERVAL_S,
+        AdaptivePolicy,
+        CapacitySignal,
+        FrequencySketch,
+        ReusePolicy,
+    )
 
     if config.admission == "always":
         return None
     sketch = FrequencySketch(config.admission_sketch_width)
-    return ReusePolicy(sketch, config.admission_min_sightings, counters)
+    if config.admission == "reuse":
+        return ReusePolicy(sketch, config.admission_min_sightings, counters)
+    usage = backend.capacity_usage if type(backend).supports_capacity else None
+    signal = CapacitySignal(usage, config.admission_capacity_bytes, counters, row_bytes)
+    signal.refresh()
+    policy = AdaptivePolicy(sketch, signal, counters)
+    policy.start(PROBE_INTERVAL_S)
+    return policy

@@ -128,7 +128,8 @@ class KVStoreTier(SecondaryTierManager):
         self._failed = ledger.verdicts
         self._warn = ledger.warn
         #: The store admission policy (None: ``admission: always``, no call at all).
-        self._admission = assembly.admission_policy(config, self.backend, ledger.counters)
+        self._admission = assembly.admission_policy(config, self.backend, ledger.counters,
+                                                    self._block_size_bytes)
         #: Load jobs with a deadline still in flight (scanned by get_finished_jobs).
         self._deadlined: dict[int, Job] = {}
         self._ready: deque[JobResult] = deque()  # refused at submit, reported next poll
@@ -278,7 +279,10 @@ class KVStoreTier(SecondaryTierManager):
         if self._closed:
             return
         self._closed = True
-        for step in (self._lookup.shutdown, self._pool.shutdown, self.backend.close):
+        steps = [self._lookup.shutdown, self._pool.shutdown, self.backend.close]
+        if self._admission is not None:
+            steps.insert(0, self._admission.close)  # its probe thread reads the backend
+        for step in steps:
             try:
                 step()
             except Exception:

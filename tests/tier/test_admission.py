@@ -104,3 +104,40 @@ def test_always_makes_no_admission_call(harness_factory, tmp_path) -> None:
     assert tier._admission is None
     h.store_all(make_keys(4, seed=5), rows_like(4, ROW))
     assert tier.counters.objects_stored == 4 and _objects(tmp_path) == 4
+
+
+def test_adaptive_writes_everything_below_capacity_and_gates_when_full(
+        harness_factory, tmp_path) -> None:
+    """fs with a small max_bytes: 40 objects of 68 KiB on disk."""
+    from ..backends.fs.test_fs_capacity import _overhead
+
+    row = 65536
+    cap = _overhead(tmp_path) + 40 * (row + 4096)
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "max_bytes": cap,
+                          "admission": "adaptive"}], num_chunks=16, chunk_bytes=row)
+    tier = h.tiers[0]
+    policy = tier._admission
+    policy.close()  # the test reads the capacity itself, at the points it checks
+    reported = _record(tier)
+    c = tier.counters
+    for seed in range(7):  # 35 of 40: 87 % full, under the evictor's 95 % mark
+        h.store_all(make_keys(5, seed=20 + seed), rows_like(5, row, seed=seed))
+        h.forget_primary()
+        if seed == 2:
+            policy.signal.refresh()
+            assert not policy.signal.full  # 15 of 40
+    assert c.objects_stored == 35 and c.stores_not_admitted_cold == 0
+    policy.signal.refresh()
+    assert policy.signal.full and policy.signal.blocks == 40 and policy.threshold == 2
+
+    new = make_keys(4, seed=40)
+    h.store_all(new, rows_like(4, row))
+    h.forget_primary()
+    assert c.stores_not_admitted_cold == 4 and c.objects_stored == 35
+    assert reported[-1][1] and _rows_released(h)
+    assert _lookup(h, new) == [MISS] * 4
+    h.store_all(new, rows_like(4, row))  # seen before: more frequent than the victims
+    h.forget_primary()
+    assert c.objects_stored == 39 and c.stores_not_admitted_cold == 4
+    assert all(ok for _, ok in reported) and _rows_released(h)
+    assert _lookup(h, new) == [HIT] * 4
