@@ -33,7 +33,7 @@ from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
-#: Rows of the sketch (independent counters per key; the estimate is their minimum).
+#: Counters per key (one per quarter of its 64-byte block; the estimate is their minimum).
 ROWS = 4
 #: Counters saturate here (4 bits' worth; ageing halves them).
 MAX_COUNT = 15
@@ -50,7 +50,7 @@ def _mix32(g: int) -> int:
     return g ^ (g >> 16)
 
 
-def _row_slots(key: bytes, mask: int, width: int) -> list[int]:
+def _row_slots(key: bytes, width: int) -> list[int]:
     """The table offsets of ``key``'s four counters (the C kernel's ``locate``):
     one 64-byte block chosen by hash bytes [0, 4), one counter in each of its
     16-byte quarters chosen by four bits of bytes [4, 8); both mixed with the
@@ -66,7 +66,7 @@ def _row_slots(key: bytes, mask: int, width: int) -> list[int]:
 
 
 def _bump_py(table: bytearray, mask: int, key: bytes) -> int:
-    slots = _row_slots(key, mask, mask + 1)
+    slots = _row_slots(key, mask + 1)
     m = min(table[s] for s in slots)
     if m >= MAX_COUNT:
         return MAX_COUNT
@@ -94,7 +94,7 @@ def _increment_py(table: bytearray, keys: list[bytes], mask: int) -> None:
 
 def _estimate_py(table: bytearray, key: bytes, mask: int) -> int:
     """Python twin of ``_sketch.estimate``: the minimum of ``key``'s counters."""
-    return min(table[s] for s in _row_slots(key, mask, mask + 1))
+    return min(table[s] for s in _row_slots(key, mask + 1))
 
 
 def _sample_py(table: bytearray, keys: list[bytes], mask: int, limit: int
@@ -131,8 +131,8 @@ NATIVE = _offer is not _offer_py
 class FrequencySketch:
     """A count-min sketch with ageing: how often each key was seen, lately.
 
-    ``4 * width`` one-byte counters (``width`` a power of two: 4 MiB at the
-    tier's default 2^20), as blocks of 64, one cache line each. A key has
+    ``4 * width`` one-byte counters (``width`` a power of two: 1 MiB at the
+    tier's default 2^18), as blocks of 64, one cache line each. A key has
     four counters in one block, one per 16-byte quarter (a blocked count-min,
     as Caffeine's: one cache miss per key, not four). Conservative update,
     counters saturating at 15. A key's estimate is the minimum of its four
@@ -184,11 +184,6 @@ class FrequencySketch:
         """Count one sighting of each of ``keys``."""
         self._increment(self.table, keys, self.mask)
         self._added(len(keys))
-
-    def sample(self, keys: list[bytes], limit: int) -> list[bytes | int] | None:
-        """The keys of a hash sample (byte 31 below ``limit``: ``limit`` in 256),
-        each followed by its estimate, flat; None if none is in the sample."""
-        return self._sample(self.table, keys, self.mask, limit)
 
     def estimate(self, key: bytes) -> int:
         """How often ``key`` was seen (at least; at most 15), ageing applied."""

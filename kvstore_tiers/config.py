@@ -71,8 +71,8 @@ class TierConfig(BaseModel):
         "before it is written.",
     )
     admission_sketch_width: int = Field(
-        1 << 20, ge=1 << 10, le=1 << 26, description="Counters per row of the admission "
-        "frequency sketch (a power of two; 4 rows of one byte each: 4 MiB at the default). "
+        1 << 18, ge=1 << 10, le=1 << 26, description="Size of the admission frequency "
+        "sketch: 4 x this many one-byte counters (a power of two; 1 MiB at the default). "
         "Counters are halved every admission_sketch_width sightings. Make it at least the "
         "number of distinct blocks offered between two halvings; used by reuse and adaptive.",
     )

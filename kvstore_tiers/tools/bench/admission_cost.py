@@ -39,23 +39,25 @@ def _count_sightings(tier: Any, keys: list[bytes]) -> None:
         policy.seen(keys)
 
 
-def measure(arm: str, directory: Path, chunk: int, in_flight: int, waves: int
-            ) -> dict[str, dict[str, float]]:
+def measure(arm: str, directory: Path, chunk: int, in_flight: int, waves: int,
+            extra: dict[str, Any]) -> dict[str, dict[str, float]]:
     root = Path(tempfile.mkdtemp(prefix=f"bench-admission-{arm}-", dir=directory))
     try:
         return scheduler_cost("kvstore", root, chunk, 16, in_flight, waves=waves,
-                              tier_extra={"admission": arm}, before_wave=_count_sightings)
+                              tier_extra={"admission": arm, **extra},
+                              before_wave=_count_sightings)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(directory: Path, rounds: int, chunk: int, in_flight: int, waves: int
-        ) -> dict[str, Any]:
+def run(directory: Path, rounds: int, chunk: int, in_flight: int, waves: int,
+        extra: dict[str, Any] | None = None) -> dict[str, Any]:
     results: dict[str, list[dict[str, dict[str, float]]]] = {a: [] for a in ARMS}
     for r in range(rounds):
         order = ARMS[r % 3:] + ARMS[:r % 3]
         for arm in order:
-            results[arm].append(measure(arm, directory, chunk, in_flight, waves))
+            results[arm].append(measure(arm, directory, chunk, in_flight, waves,
+                                        extra if arm != "always" else {}))
         print(f"round {r + 1}/{rounds} ({', '.join(order)}): " + "; ".join(
             f"{a} store p50/p99 {results[a][-1]['submit_store']['p50_us']:.1f}/"
             f"{results[a][-1]['submit_store']['p99_us']:.1f} us" for a in ARMS), flush=True)
@@ -73,6 +75,7 @@ def run(directory: Path, rounds: int, chunk: int, in_flight: int, waves: int
                     entry[q.replace("_us", "_ratio")] = [round(ratio, 3), round(lo, 3),
                                                          round(hi, 3)]
     return {"rounds": rounds, "chunk": chunk, "in_flight": in_flight, "waves": waves,
+            "extra": extra or {},
             "summary": summary, "raw": results}
 
 
@@ -83,9 +86,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--in-flight", type=int, default=1024)
     ap.add_argument("--waves", type=int, default=16)
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    ap.add_argument("--sketch-width", type=int, help="admission_sketch_width of the "
+                    "reuse and adaptive arms (default: the tier's default)")
     ap.add_argument("--json", type=Path, help="write the full result here")
     args = ap.parse_args(argv)
-    out = run(args.dir, args.rounds, args.chunk_kib * 1024, args.in_flight, args.waves)
+    extra = {"admission_sketch_width": args.sketch_width} if args.sketch_width else {}
+    out = run(args.dir, args.rounds, args.chunk_kib * 1024, args.in_flight, args.waves, extra)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     print(json.dumps(out["summary"], indent=1))
