@@ -42,6 +42,14 @@ class TierConfig(BaseModel):
         65536, ge=1, le=1 << 24,
         description="Bound on chunks queued in the I/O pool; a job that does not fit fails.",
     )
+    max_store_bytes_in_flight: int | None = Field(
+        None, ge=0, le=1 << 50,
+        description="Backpressure: bytes of stores submitted to this tier and not yet "
+        "finished (each pins its rows of the CPU primary tier). A store job that would go "
+        "past it is dropped (counted in stores_dropped_backpressure, reported to vLLM as "
+        "finished, never as failed) instead of queueing; a tier with nothing in flight always "
+        "takes one job. Default: half the primary tier. 0: no bound.",
+    )
     store_poll_ms: float = Field(
         2.0, gt=0, le=1000,
         description="While stores flow, an idle store thread looks at the queue this often "
