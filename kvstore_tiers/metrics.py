@@ -31,6 +31,11 @@ COUNTERS: dict[str, str] = {
     "stores_dropped": "Objects not stored because the tier was unhealthy or its queue full.",
     "stores_dropped_backpressure": "Objects not stored because the tier's stores in flight "
                                    "were at max_store_bytes_in_flight (backpressure).",
+    "stores_not_admitted_rare": "Objects not stored by admission: seen fewer than "
+                                "admission_min_sightings times (admission: reuse).",
+    "stores_not_admitted_cold": "Objects not stored by admission: the tier was full and "
+                                "they were seen less often than what they would displace "
+                                "(admission: adaptive).",
     "transfers_cancelled": "Objects whose store or load was cancelled before it started "
                            "(drain_jobs: reset_cache, sleep, shutdown).",
     "objects_evicted": "Objects removed by the tier's capacity control.",
@@ -69,6 +74,8 @@ class TierCounters:
     load_failures: int = 0
     stores_dropped: int = 0
     stores_dropped_backpressure: int = 0
+    stores_not_admitted_rare: int = 0
+    stores_not_admitted_cold: int = 0
     transfers_cancelled: int = 0
     objects_evicted: int = 0
 
