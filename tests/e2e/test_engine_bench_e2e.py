@@ -37,6 +37,9 @@ def test_one_pair_of_real_engine_runs(tmp_path: Path) -> None:
         assert warm["external_hit_tokens"][0] == 17 * 128
         assert warm["tier_read_bytes"] > 0
         assert warm["outputs"] == runs["recompute"]["warm"]["outputs"]
+        # vLLM's timestamps split each TTFT: the wait for the tier, then the forward pass
+        assert all(q > 0 for q in warm["queued_s"]) and all(f > 0 for f in warm["prefill_s"])
+    assert engine["summary"]["warm_split"]["stock_over_ours_wait"]["ratio"] > 0
     assert "recompute" not in engine["summary"]["speedup_vs_recompute"]
     assert data["code"]["path"]
     logged = [json.loads(line) for line in (out / "engine-runs" / "runs.jsonl").open()]

@@ -122,3 +122,33 @@ def test_without_a_recompute_run_no_tier_run_is_verified() -> None:
     assert {f["arm"] for f in out["failed"]} == {"ours", "stock", "recompute"}
     ours = next(f for f in out["failed"] if f["arm"] == "ours")
     assert any("no recompute run" in why for why in ours["reasons"])
+
+
+def _split_runs(waits: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    """Pairs whose warm first prompt waited ``(ours, stock)`` seconds before its
+    first schedule; the forward pass after it took 0.1 s (ours) and 0.2 s (stock)."""
+    runs = []
+    for i, (ours, stock) in enumerate(waits):
+        for run in _pair(i, [ours + 0.1, 0.1], [stock + 0.2, 0.2], [3.0, 1.0]):
+            if run["arm"] != "recompute":
+                wait = ours if run["arm"] == "ours" else stock
+                run["warm"]["queued_s"] = [wait, 0.01]
+                run["warm"]["prefill_s"] = [0.1 if run["arm"] == "ours" else 0.2, 0.09]
+            runs.append(run)
+    return runs
+
+
+def test_the_first_prompts_wait_for_the_tier_is_compared_on_its_own() -> None:
+    out = summarize(_split_runs([(0.05, 0.10), (0.04, 0.12), (0.05, 0.05)]))
+    split = out["warm_split"]
+    assert split["stock_over_ours_wait"]["pairs"] == pytest.approx([2.0, 3.0, 1.0])
+    assert split["stock_over_ours_wait"]["ratio"] == pytest.approx(6 ** (1 / 3))
+    assert split["ms"]["ours"] == pytest.approx({"wait_first": 50.0, "prefill_first": 100.0})
+    assert split["ms"]["stock"] == pytest.approx({"wait_first": 100.0, "prefill_first": 200.0})
+
+
+def test_no_split_without_vllms_timestamps_in_every_valid_run() -> None:
+    assert summarize(_pair(0, [0.3, 0.1], [0.6, 0.2], [3.0, 1.0]))["warm_split"] is None
+    runs = _split_runs([(0.05, 0.10), (0.04, 0.12)])
+    next(r for r in runs if r["arm"] == "stock" and r["pair"] == 1)["warm"]["queued_s"] = [None]
+    assert summarize(runs)["warm_split"] is None

@@ -73,6 +73,9 @@ def _phase_record(result: dict[str, Any]) -> dict[str, Any]:
     prompts = result["prompts"]
     return {
         "ttft_s": [p["ttft_s"] for p in prompts],
+        # the TTFT's two parts by vLLM's timestamps (None where it has none)
+        "queued_s": [p.get("queued_s") for p in prompts],
+        "prefill_s": [p.get("prefill_s") for p in prompts],
         "outputs": [p["output_token_ids"] for p in prompts],
         "external_hit_tokens": [p["external_hit_tokens"] for p in prompts],
         "local_hit_tokens": [p["local_hit_tokens"] for p in prompts],

@@ -23,6 +23,15 @@ A run's TTFT is the mean over its prompts of vLLM's own time to first token
 (so a ratio of two runs is the ratio of their total waits); the first prompt
 (the long one whose whole prefix the warm phase reads from the tier) is also
 reported on its own.
+
+Each warm TTFT is also split by vLLM's engine-core timestamps (a phase's
+``queued_s`` and ``prefill_s``, see :mod:`kvstore_tiers.tools.demo.phase`):
+the wait before the request's first schedule, which in a warm phase is the
+tier's (lookups, then the load into the CPU primary), and the forward pass
+after it, which is the engine's and the machine's. The first prompt's wait
+is compared on its own (``stock_over_ours_wait``): on a shared machine the
+forward pass moves with the load of other jobs and can swamp the tier's
+difference in the TTFT ratio.
 """
 
 from __future__ import annotations
@@ -80,13 +89,34 @@ def _median_ms(values: Sequence[float]) -> float:
     return statistics.median(values) * 1000 if values else math.nan
 
 
+def _split(valid: Sequence[dict[str, dict[str, Any]]]) -> dict[str, Any] | None:
+    """The warm first prompt's wait and forward pass per tier arm (medians, ms),
+    and the paired ratio of the waits; None unless every valid run has both."""
+    def part(p: dict[str, dict[str, Any]], arm: str, key: str) -> float | None:
+        values = p[arm]["warm"].get(key) or [None]
+        return values[0]
+
+    parts = [(part(p, arm, "queued_s"), part(p, arm, "prefill_s"))
+             for p in valid for arm in TIER_ARMS]
+    if not valid or any(q is None or q <= 0 or f is None for q, f in parts):
+        return None
+    return {
+        "ms": {arm: {"wait_first": _median_ms([part(p, arm, "queued_s") for p in valid]),
+                     "prefill_first": _median_ms([part(p, arm, "prefill_s") for p in valid])}
+               for arm in TIER_ARMS},
+        "stock_over_ours_wait": _interval([part(p, "stock", "queued_s")
+                                           / part(p, "ours", "queued_s") for p in valid]),
+    }
+
+
 def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Failures, per-arm TTFT medians and the paired ratios of ``runs``.
 
     Returns ``{"pairs", "valid_pairs", "failed": [{"pair", "arm", "reasons"}],
     "ttft_ms": {arm: {"warm_mean", "warm_first", "cold_mean", "cold_first"}},
     "stock_over_ours": {"mean", "first"}, "speedup_vs_recompute": {arm: {"mean",
-    "first"}}, "cold_over_warm": {arm: ...}}``; each ratio is ``{"ratio",
+    "first"}}, "cold_over_warm": {arm: ...}, "warm_split": {"ms": {arm: {"wait_first",
+    "prefill_first"}}, "stock_over_ours_wait"} or None}``; each ratio is ``{"ratio",
     "ci95", "pairs"}`` over the valid pairs (larger is better for ours)."""
     by_pair: dict[int, dict[str, dict[str, Any]]] = {}
     for r in runs:
@@ -134,4 +164,5 @@ def summarize(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out["speedup_vs_recompute"] = {arm: ratios(("recompute", "warm"), (arm, "warm"))
                                    for arm in TIER_ARMS}
     out["cold_over_warm"] = {arm: ratios((arm, "cold"), (arm, "warm")) for arm in TIER_ARMS}
+    out["warm_split"] = _split(valid)
     return out

@@ -227,6 +227,19 @@ def engine_tables(engine: dict[str, Any]) -> list[Any]:
         h.add_row(label, f"{r['ratio']:.2f}x",
                   "-" if low != low else f"{low:.2f}-{high:.2f}",
                   " ".join(f"{x:.2f}" for x in r["pairs"]))
+    split_tables: list[Any] = []
+    split = s.get("warm_split")
+    if split:
+        w = Table(title="warm first prompt, where the time goes (ms, median over pairs): "
+                  "waiting for the tier (lookups, load into the CPU primary), then the "
+                  "forward pass")
+        for col in ("tier", "wait for the tier", "forward pass to the first token"):
+            w.add_column(col, justify="right")
+        for arm, label in (("ours", "ours (fs)"), ("stock", "vLLM stock (vllm_fs)")):
+            m = split["ms"][arm]
+            w.add_row(label, f"{m['wait_first']:.0f}", f"{m['prefill_first']:.0f}")
+        w.add_row("stock / ours", _ratio_cell(split["stock_over_ours_wait"]), "-")
+        split_tables.append(w)
     p = Table(title="runs: warm TTFT ms, mean over prompts / first prompt")
     for col in ("pair", "order", "ours", "stock", "recompute", "tokens from tier ours/stock"):
         p.add_column(col, justify="right")
@@ -246,7 +259,7 @@ def engine_tables(engine: dict[str, Any]) -> list[Any]:
                         if runs.get(a, {}).get("warm") else "-" for a in ("ours", "stock"))
         p.add_row(str(pair + 1), order, cell(runs.get("ours")), cell(runs.get("stock")),
                   cell(runs.get("recompute")), hits)
-    out = [t, h, p]
+    out = [t, h, *split_tables, p]
     if s["failed"]:
         f = Table(title="FAILED runs (left out of every figure with their pair)")
         for col in ("pair", "tier", "why"):

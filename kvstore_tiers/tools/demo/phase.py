@@ -6,7 +6,12 @@ every phase begins with empty GPU/CPU caches and only the secondary tier
 (shared storage) carries state between phases.
 
 Per prompt it records vLLM's own numbers: the engine-measured time to first
-token (``RequestOutput.metrics.first_token_latency``), and deltas of vLLM's
+token (``RequestOutput.metrics.first_token_latency``), split by the engine
+core's timestamps into the time the request waited before its first
+schedule (``queued_s``: in a warm phase, the tier's lookups and its load
+into the CPU primary) and from there to the first token (``prefill_s``: the
+forward pass over the tokens not served, the copy into the KV cache
+included), and deltas of vLLM's
 Prometheus counters around the request: ``vllm:prefix_cache_hits`` (local
 GPU prefix cache), ``vllm:external_prefix_cache_hits`` (tokens the
 OffloadingConnector served, i.e. from the CPU primary or a secondary tier),
@@ -93,6 +98,13 @@ def _settle(llm: Any, flush_prompt: list[int], timeout_s: float) -> dict[str, fl
             stable = 0
         last = snap
     return last
+
+
+def _span(metrics: Any, start: str, end: str) -> float | None:
+    """``end - start`` of two of vLLM's engine-core timestamps (None: either unset)."""
+    a = getattr(metrics, start, None) if metrics else None
+    b = getattr(metrics, end, None) if metrics else None
+    return float(b - a) if a and b else None
 
 
 def build_llm(request: dict[str, Any]) -> Any:
@@ -207,6 +219,8 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                     "output_token_ids": list(out.outputs[0].token_ids),
                     "output_text": out.outputs[0].text,
                     "ttft_s": float(ttft) if ttft else None,
+                    "queued_s": _span(metrics, "queued_ts", "scheduled_ts"),
+                    "prefill_s": _span(metrics, "scheduled_ts", "first_token_ts"),
                     "wall_s": wall,
                     "num_cached_tokens": out.num_cached_tokens,
                     "local_hit_tokens": int(_delta(served, before, LOCAL_HITS)),
