@@ -1,11 +1,12 @@
-"""Build script for the one compiled part: the fs tier's GIL-free per-batch
+"""Build script for the two compiled parts: the fs tier's GIL-free per-batch
 file calls (``kvstore_tiers/backends/fs/_fsio.c``: read_files, exists_files,
-publish_file, publish_files).
+publish_file, publish_files) and the admission sketch's per-key counter
+updates (``kvstore_tiers/_sketch.c``: offer, increment).
 
-Everything else is declared in pyproject.toml. The extension is optional: where
-it cannot be compiled (no C compiler, a platform without ``readv``) the
-install still succeeds and the fs tier uses the pure-Python twins in
-``kvstore_tiers/backends/fs/fileio.py``.
+Everything else is declared in pyproject.toml. The extensions are optional:
+where they cannot be compiled (no C compiler, a platform without ``readv``)
+the install still succeeds and the pure-Python twins are used
+(``kvstore_tiers/backends/fs/fileio.py``, ``kvstore_tiers/admission.py``).
 """
 
 from setuptools import Extension, setup
@@ -16,6 +17,11 @@ setup(
             "kvstore_tiers.backends.fs._fsio",
             sources=["kvstore_tiers/backends/fs/_fsio.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "kvstore_tiers._sketch",
+            sources=["kvstore_tiers/_sketch.c"],
+            optional=True,
+        ),
     ]
 )

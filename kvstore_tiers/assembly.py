@@ -21,9 +21,11 @@ from kvstore_tiers.pool import IOPool
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingEvent, OffloadingSpec
 
-    from kvstore_tiers.backends.base import IOTuning
+    from kvstore_tiers.admission import Policy
+    from kvstore_tiers.backends.base import Backend, IOTuning
     from kvstore_tiers.codecs import CodecId
     from kvstore_tiers.crypto import PayloadCipher
+    from kvstore_tiers.metrics import TierCounters
 
 logger = logging.getLogger("kvstore_tiers.tier")
 
@@ -105,3 +107,29 @@ def start_pool(config: TierConfig, tier_type: str, namespace: Namespace, codec_i
         name=f"kvstore_{tier_type}",
         store_poll_s=config.store_poll_ms / 1000, store_linger_s=config.store_linger_s,
     )
+
+
+def admission_policy(config: TierConfig, backend: Backend, counters: TierCounters,
+                     row_bytes: int) -> Policy | None:
+    """The tier's store admission policy; None for ``admission: always`` (no call at all).
+
+    ``adaptive`` starts its probe thread here (stopped by the policy's ``close``)."""
+    from kvstore_tiers.admission import (
+        PROBE_INTERVAL_S,
+        AdaptivePolicy,
+        CapacitySignal,
+        FrequencySketch,
+        ReusePolicy,
+    )
+
+    if config.admission == "always":
+        return None
+    sketch = FrequencySketch(config.admission_sketch_width)
+    if config.admission == "reuse":
+        return ReusePolicy(sketch, config.admission_min_sightings, counters)
+    usage = backend.capacity_usage if type(backend).supports_capacity else None
+    signal = CapacitySignal(usage, config.admission_capacity_bytes, counters, row_bytes)
+    signal.refresh()
+    policy = AdaptivePolicy(sketch, signal, counters)
+    policy.start(PROBE_INTERVAL_S)
+    return policy

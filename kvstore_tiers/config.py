@@ -59,6 +59,29 @@ class TierConfig(BaseModel):
         description="Keys remembered as stored or being stored by this process: lookups "
         "of stored ones HIT without I/O, stores of either are skipped. 0 turns both off.",
     )
+    admission: Literal["always", "reuse", "adaptive"] = Field(
+        "always", description="Which offered blocks the tier writes (docs/admission.md). "
+        "always: every block. reuse: a block once it has been offered "
+        "admission_min_sightings times (loads count too). adaptive: every block while the "
+        "tier has room; once it is full, a threshold of 1 or 2 sightings, whichever "
+        "a sampled replay of the tier's own traffic finds better.",
+    )
+    admission_min_sightings: int = Field(
+        2, ge=2, le=15, description="reuse: sightings (store offers and loads) of a block "
+        "before it is written.",
+    )
+    admission_sketch_width: int = Field(
+        1 << 20, ge=1 << 10, le=1 << 26, description="Counters per row of the admission "
+        "frequency sketch (a power of two; 4 rows of one byte each: 4 MiB at the default). "
+        "Counters are halved every admission_sketch_width sightings. Make it at least the "
+        "number of distinct blocks offered between two halvings; used by reuse and adaptive.",
+    )
+    admission_capacity_bytes: int | None = Field(
+        None, ge=1 << 20, le=1 << 60, description="adaptive: the tier's capacity in bytes, "
+        "where the backend cannot tell (s3; redis without maxmemory; fs without max_bytes) "
+        "or to use less. Bytes used are then the backend's count (fs, redis) or the bytes "
+        "this process wrote (s3). Unset and unknown: unbounded, adaptive writes everything.",
+    )
     enable_kv_events: bool = Field(
         False, description="Emit BlockStored events (needs KV events enabled globally)."
     )
@@ -98,6 +121,13 @@ class TierConfig(BaseModel):
         None, description="Path of a file holding the AES key (hex, base64 or raw bytes); "
         "alternative to encryption_key_env.",
     )
+
+    @field_validator("admission_sketch_width")
+    @classmethod
+    def _power_of_two(cls, value: int) -> int:
+        if value & (value - 1):
+            raise ValueError("must be a power of two")
+        return value
 
     @field_validator("encryption_key_env", "encryption_key_file")
     @classmethod

@@ -29,6 +29,11 @@ COUNTERS: dict[str, str] = {
     "store_failures": "Objects whose store failed with a backend error.",
     "load_failures": "Objects whose load failed with a backend error.",
     "stores_dropped": "Objects not stored because the tier was unhealthy or its queue full.",
+    "stores_not_admitted_rare": "Objects not stored by admission: seen fewer than "
+                                "admission_min_sightings times (admission: reuse).",
+    "stores_not_admitted_cold": "Objects not stored by admission: the tier was full and "
+                                "they were seen less often than what they would displace "
+                                "(admission: adaptive).",
     "transfers_cancelled": "Objects whose store or load was cancelled before it started "
                            "(drain_jobs: reset_cache, sleep, shutdown).",
     "objects_evicted": "Objects removed by the tier's capacity control.",
@@ -64,6 +69,8 @@ class TierCounters:
     store_failures: int = 0
     load_failures: int = 0
     stores_dropped: int = 0
+    stores_not_admitted_rare: int = 0
+    stores_not_admitted_cold: int = 0
     transfers_cancelled: int = 0
     objects_evicted: int = 0
 

@@ -53,6 +53,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvstore_tiers import assembly
+from kvstore_tiers.admission import select
 from kvstore_tiers.backends.base import Backend
 from kvstore_tiers.codecs import resolve_compression
 from kvstore_tiers.config import TierConfig, validate_config
@@ -126,6 +127,9 @@ class KVStoreTier(SecondaryTierManager):
         self.metrics, self.breaker, self._presence = ledger.metrics, ledger.breaker, ledger.presence
         self._failed = ledger.verdicts
         self._warn = ledger.warn
+        #: The store admission policy (None: ``admission: always``, no call at all).
+        self._admission = assembly.admission_policy(config, self.backend, ledger.counters,
+                                                    self._block_size_bytes)
         #: Load jobs with a deadline still in flight (scanned by get_finished_jobs).
         self._deadlined: dict[int, Job] = {}
         self._ready: deque[JobResult] = deque()  # refused at submit, reported next poll
@@ -275,7 +279,10 @@ class KVStoreTier(SecondaryTierManager):
         if self._closed:
             return
         self._closed = True
-        for step in (self._lookup.shutdown, self._pool.shutdown, self.backend.close):
+        steps = [self._lookup.shutdown, self._pool.shutdown, self.backend.close]
+        if self._admission is not None:
+            steps.insert(0, self._admission.close)  # its probe thread reads the backend
+        for step in steps:
             try:
                 step()
             except Exception:
@@ -337,6 +344,14 @@ class KVStoreTier(SecondaryTierManager):
             return
         if not is_load and self._presence.holds_any(keys):
             keys, cids = self._drop_present(keys, cids)
+        admission = self._admission
+        if admission is not None:  # one call per job (kvstore_tiers.admission)
+            if is_load:
+                admission.seen(keys)
+            else:
+                admitted = admission.admit(keys)
+                if admitted is not None:  # some not admitted: not stored, not indexed
+                    keys, cids = select(keys, cids, admitted)
         if not keys:
             self._ready.append(JobResult(job_id=tj.job_id, success=True, transfer_time=0.0))
             return

@@ -23,8 +23,9 @@ Contract of the data methods (called concurrently from several threads):
 Optional capabilities, each declared by a ``supports_*`` flag (the core reads
 the flags, never compares methods): ``delete_many`` (one native batch;
 default: a loop over ``delete``), ``touch_many`` (refresh LRU/TTL; default:
-nothing) and ``read_into`` (a zero-copy load of one frame, header first,
-through :meth:`FrameCodec.receive`).
+nothing), ``read_into`` (a zero-copy load of one frame, header first,
+through :meth:`FrameCodec.receive`) and ``capacity_usage`` (bytes used and
+allowed: the signal of ``admission: adaptive``).
 
 ``store_many``/``load_many`` are the batched entry points the core calls,
 with at most ``tuning.store_batch`` / ``tuning.load_batch`` items; the
@@ -124,6 +125,8 @@ class Backend(ABC):
     supports_touch: ClassVar[bool] = False
     #: ``read_into`` is implemented (a zero-copy load path).
     supports_read_into: ClassVar[bool] = False
+    #: ``capacity_usage`` can tell how full the store is (adaptive admission's signal).
+    supports_capacity: ClassVar[bool] = False
 
     def __init__(self, config: Any, namespace: Namespace) -> None:
         self.config = config
@@ -183,6 +186,14 @@ class Backend(ABC):
         at start and by ``gc``. Default: nothing (a store whose writes are
         atomic server-side, as S3's PutObject and Redis' SET, leaves nothing)."""
         return 0
+
+    def capacity_usage(self) -> tuple[int, int] | None:
+        """(bytes used, bytes allowed) of this tier's store, or None where it is not
+        bounded (or cannot tell now). Only with ``supports_capacity``.
+
+        Called every fraction of a second from the admission probe thread, never
+        from the scheduler thread; may do I/O (one small request), may raise."""
+        return None
 
     def read_into(self, item: LoadItem, codec: FrameCodec) -> int:
         """Load one frame into ``item.dest``: its header first, then the payload

@@ -86,6 +86,7 @@ class FileSystemBackend(Backend):
     supports_touch = True
     #: A load is a vectored read of a page of header and then the row.
     supports_read_into = True
+    supports_capacity = True  # with max_bytes
 
     def __init__(self, config: FsConfig, namespace: Any) -> None:
         super().__init__(config, namespace)
@@ -136,6 +137,14 @@ class FileSystemBackend(Backend):
             self.capacity = None
         if self.writer is not None:
             self.writer.close()
+
+    def capacity_usage(self) -> tuple[int, int] | None:
+        """Object bytes under the namespace directory and the room ``max_bytes``
+        leaves for them, as the capacity controller last counted (no I/O)."""
+        cap = self.capacity
+        if cap is None or cap.max_bytes is None:
+            return None
+        return max(0, cap.last_usage - cap.overhead), max(1, cap.max_bytes - cap.overhead)
 
     def describe(self) -> str:
         cap = f", max_bytes={self.config.max_bytes}" if self.config.max_bytes else ""

@@ -91,6 +91,7 @@ class RedisBackend(Backend):
     remote = True
     supports_touch = True
     supports_delete_many = True
+    supports_capacity = True  # with maxmemory
 
     def __init__(self, config: RedisConfig, namespace: Any) -> None:
         super().__init__(config, namespace)
@@ -131,6 +132,21 @@ class RedisBackend(Backend):
         client, self.client = self.client, None
         if client is not None:
             close_client(client)
+
+    def capacity_usage(self) -> tuple[int, int] | None:
+        """``used_memory`` and ``maxmemory`` from ``INFO memory`` (summed over a
+        cluster's nodes); None without a maxmemory limit."""
+        client = self.client
+        if client is None:
+            return None
+        info = client.info("memory")
+        nodes = [v for v in info.values() if isinstance(v, dict)] if isinstance(info, dict) else []
+        nodes = nodes or [info]
+        used = sum(int(n.get("used_memory", 0)) for n in nodes)
+        limit = sum(int(n.get("maxmemory", 0)) for n in nodes)
+        if limit <= 0:
+            return None
+        return used, limit
 
     def describe(self) -> str:
         cfg = self.config

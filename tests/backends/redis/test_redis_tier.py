@@ -324,3 +324,21 @@ def test_example_config_is_valid():
     cfg = json.loads(path.read_text())
     assert cfg.pop("type") == "redis"
     validate_config(RedisConfig, "redis", cfg)
+
+
+def test_capacity_usage_is_used_memory_against_maxmemory(redis_server_factory,
+                                                         harness_factory) -> None:
+    """adaptive admission's signal: INFO memory, read off the scheduler thread."""
+    srv = redis_server_factory(["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"])
+    h = harness_factory([tier_cfg(srv, admission="adaptive")], num_chunks=16, chunk_bytes=8192)
+    tier = h.tiers[0]
+    used, limit = tier.backend.capacity_usage()
+    assert limit == 64 << 20 and 0 < used < limit
+    h.store_all(make_keys(8, seed=30), random_rows(8, 8192))
+    assert tier.backend.capacity_usage()[0] > used
+    signal = tier._admission.signal
+    signal.refresh()
+    assert signal.capacity == limit and not signal.full
+    unbounded = redis_server_factory([])
+    other = harness_factory([tier_cfg(unbounded)], num_chunks=16, chunk_bytes=8192)
+    assert other.tiers[0].backend.capacity_usage() is None

@@ -1,0 +1,463 @@
+"""Store admission: which offered blocks a tier writes.
+
+vLLM cascades every block stored in its primary tier to every secondary
+tier. Most blocks of a real workload are never read again, so a tier that
+writes only the blocks likely to be read saves writes (PUTs, memory that
+would evict useful blocks, bandwidth) at little or no cost in hits. The
+tier's ``admission`` key picks a policy:
+
+* ``always``: write every block (the tier then makes no admission call at all);
+* ``reuse``: write a block once it has been offered ``admission_min_sightings``
+  times (loads count as sightings);
+* ``adaptive``: write every block while the tier has room; once it is full,
+  gate by frequency, with the gate's threshold chosen by measurement
+  (:class:`AdaptivePolicy`).
+
+One job: the admission decision. The tier calls :meth:`Policy.admit` once
+per store job and :meth:`Policy.seen` once per load job, on vLLM's scheduler
+thread, after the presence index has dropped the keys already stored; keys
+not admitted are simply not stored. The per-key work (four counter updates)
+runs in C (``_sketch.c``) when it is compiled, in the Python twins below
+otherwise; a test checks both agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import weakref
+from collections import OrderedDict, deque
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+logger = logging.getLogger(__name__)
+
+#: Rows of the sketch (independent counters per key; the estimate is their minimum).
+ROWS = 4
+#: Counters saturate here (4 bits' worth; ageing halves them).
+MAX_COUNT = 15
+#: translate() table that halves every counter: the whole ageing pass in C.
+_HALVE = bytes(i >> 1 for i in range(256))
+
+
+def _mix32(g: int) -> int:
+    """murmur3's 32-bit finaliser: every bit of the group index reaches the low bits."""
+    g ^= g >> 16
+    g = (g * 0x85EBCA6B) & 0xFFFFFFFF
+    g ^= g >> 13
+    g = (g * 0xC2B2AE35) & 0xFFFFFFFF
+    return g ^ (g >> 16)
+
+
+def _row_slots(key: bytes, mask: int, width: int) -> list[int]:
+    """The table offsets of ``key``'s counters (the C kernel's ``bump``)."""
+    if not isinstance(key, bytes):
+        raise TypeError("sketch keys must be bytes")
+    if len(key) < 4 * ROWS:
+        raise ValueError("sketch keys must be at least 16 bytes")
+    group = _mix32(int.from_bytes(key[32:36], "little"))
+    return [r * width + ((int.from_bytes(key[4 * r:4 * r + 4], "little") ^ group) & mask)
+            for r in range(ROWS)]
+
+
+def _bump_py(table: bytearray, mask: int, key: bytes) -> int:
+    slots = _row_slots(key, mask, mask + 1)
+    m = min(table[s] for s in slots)
+    if m >= MAX_COUNT:
+        return MAX_COUNT
+    for s in slots:
+        if table[s] == m:
+            table[s] = m + 1
+    return m + 1
+
+
+def _offer_py(table: bytearray, keys: list[bytes], mask: int, threshold: int
+              ) -> list[int] | None:
+    """Python twin of ``_sketch.offer``: count a sighting of every key; None if
+    every estimate reached ``threshold``, else the indices of those that did."""
+    estimates = [_bump_py(table, mask, k) for k in keys]
+    if all(e >= threshold for e in estimates):
+        return None
+    return [i for i, e in enumerate(estimates) if e >= threshold]
+
+
+def _increment_py(table: bytearray, keys: list[bytes], mask: int) -> None:
+    """Python twin of ``_sketch.increment``: count a sighting of every key."""
+    for k in keys:
+        _bump_py(table, mask, k)
+
+
+def _estimate_py(table: bytearray, key: bytes, mask: int) -> int:
+    """Python twin of ``_sketch.estimate``: the minimum of ``key``'s counters."""
+    return min(table[s] for s in _row_slots(key, mask, mask + 1))
+
+
+def _sample_py(table: bytearray, keys: list[bytes], mask: int, limit: int
+               ) -> list[bytes | int] | None:
+    """Python twin of ``_sketch.sample``: the keys whose byte 31 is below ``limit``
+    (a hash sample of ``limit`` in 256), each followed by its count, in one flat
+    list; None if there are none."""
+    out: list[bytes | int] = []
+    for k in keys:
+        if not isinstance(k, bytes) or len(k) < 32:
+            raise ValueError("sampled keys must be bytes of at least 32 bytes")
+        if k[31] < limit:
+            out += (k, _estimate_py(table, k, mask))
+    return out or None
+
+
+_offer: Callable[[bytearray, list[bytes], int, int], list[int] | None] = _offer_py
+_increment: Callable[[bytearray, list[bytes], int], None] = _increment_py
+_estimate: Callable[[bytearray, bytes, int], int] = _estimate_py
+_sample: Callable[[bytearray, list[bytes], int, int], list[bytes | int] | None] = _sample_py
+if os.environ.get("KVSTORE_TIERS_NATIVE_SKETCH", "1") != "0":
+    try:  # not compiled here: the Python twins
+        from kvstore_tiers._sketch import (  # type: ignore[no-redef]
+            estimate as _estimate,
+        )
+        from kvstore_tiers._sketch import increment as _increment  # type: ignore[no-redef]
+        from kvstore_tiers._sketch import offer as _offer  # type: ignore[no-redef]
+        from kvstore_tiers._sketch import sample as _sample  # type: ignore[no-redef]
+    except ImportError:
+        pass
+NATIVE = _offer is not _offer_py
+
+
+class FrequencySketch:
+    """A count-min sketch with ageing: how often each key was seen, lately.
+
+    ``ROWS`` (4) rows of ``width`` one-byte counters (a power of two, so
+    ``4 * width`` bytes in all: 256 KiB at the default 2^16), conservative
+    update, counters saturating at 15. A key's estimate is the minimum of its
+    four counters: never below the true count since the last ageing
+    (collisions only add), capped at 15. Every ``period`` increments (default
+    ``width``) every counter is halved, so old popularity fades, a key seen
+    once is forgotten within one to two periods, and the memory stays what it
+    was at start, whatever the number of keys. With at most ``width`` distinct
+    keys between two halvings, a key never seen reads as seen with
+    probability at most (1 - 1/e)^4 (16 %), and far less when keys repeat.
+
+    Keys are vLLM's offload keys (a uniform 32-byte block hash, then a
+    4-byte group index): row ``r`` indexes by hash bytes ``[4r, 4r+4)``
+    mixed with the group; no hashing is needed.
+
+    Scheduler thread only; no lock.
+    """
+
+    def __init__(self, width: int, period: int | None = None, native: bool = True) -> None:
+        if width < 16 or width & (width - 1):
+            raise ValueError("sketch width must be a power of two >= 16")
+        self.width = width
+        self.mask = width - 1
+        self.table = bytearray(ROWS * width)
+        self.period = period if period is not None else width
+        self.additions = 0
+        self.agings = 0
+        self._offer = _offer if native else _offer_py
+        self._increment = _increment if native else _increment_py
+        self._estimate = _estimate if native else _estimate_py
+        self._sample = _sample if native else _sample_py
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the counters (bytes); fixed at start."""
+        return len(self.table)
+
+    def offer(self, keys: list[bytes], threshold: int) -> list[int] | None:
+        """Count one sighting of each of ``keys``; None if every key has now been
+        seen at least ``threshold`` times, else the indices of those that have."""
+        admitted = self._offer(self.table, keys, self.mask, threshold)
+        self._added(len(keys))
+        return admitted
+
+    def increment(self, keys: list[bytes]) -> None:
+        """Count one sighting of each of ``keys``."""
+        self._increment(self.table, keys, self.mask)
+        self._added(len(keys))
+
+    def sample(self, keys: list[bytes], limit: int) -> list[bytes | int] | None:
+        """The keys of a hash sample (byte 31 below ``limit``: ``limit`` in 256),
+        each followed by its estimate, flat; None if none is in the sample."""
+        return self._sample(self.table, keys, self.mask, limit)
+
+    def estimate(self, key: bytes) -> int:
+        """How often ``key`` was seen (at least; at most 15), ageing applied."""
+        return self._estimate(self.table, key, self.mask)
+
+    def _added(self, n: int) -> None:
+        self.additions += n
+        if self.additions >= self.period:
+            self.table[:] = self.table.translate(_HALVE)
+            self.additions //= 2
+            self.agings += 1
+
+
+class SkipCounters(Protocol):
+    """Where a policy counts the stores it did not admit (the tier's counters)."""
+
+    stores_not_admitted_rare: int
+    stores_not_admitted_cold: int
+
+
+class Policy(Protocol):
+    """An admission policy, as the tier calls it (scheduler thread, once per job)."""
+
+    def admit(self, keys: list[bytes]) -> list[int] | None:
+        """A store job offers ``keys``: None to store them all, else the indices
+        of those to store (ascending; may be empty). Counts the others."""
+
+    def seen(self, keys: list[bytes]) -> None:
+        """A load job reads ``keys``: they count as sightings."""
+
+    def close(self) -> None:
+        """The tier shuts down (stops any thread of the policy; idempotent)."""
+
+
+class ReusePolicy:
+    """Write a block once it has been offered ``min_sightings`` times.
+
+    Sightings are store offers of the block and loads of it, counted by a
+    :class:`FrequencySketch` (with ageing, so "seen twice" means seen twice
+    lately). A skipped block is counted in ``stores_not_admitted_rare``.
+    """
+
+    def __init__(self, sketch: FrequencySketch, min_sightings: int,
+                 counters: SkipCounters) -> None:
+        self.sketch = sketch
+        self.min_sightings = min_sightings
+        self.counters = counters
+
+    def admit(self, keys: list[bytes]) -> list[int] | None:
+        admitted = self.sketch.offer(keys, self.min_sightings)
+        if admitted is not None:
+            self.counters.stores_not_admitted_rare += len(keys) - len(admitted)
+        return admitted
+
+    def seen(self, keys: list[bytes]) -> None:
+        self.sketch.increment(keys)
+
+    def close(self) -> None:
+        pass
+
+
+def select(keys: list[bytes], cids: list[int], admitted: Sequence[int]
+           ) -> tuple[list[bytes], list[int]]:
+    """The admitted keys and their chunk ids, in order."""
+    return [keys[i] for i in admitted], [cids[i] for i in admitted]
+
+
+#: How often the adaptive policy's probe reads the capacity and runs its miniatures.
+PROBE_INTERVAL_S = 0.5
+
+#: Bytes used, bytes allowed (None: unknown or unbounded); may do I/O.
+UsageReader = Callable[[], "tuple[int, int] | None"]
+
+
+class CapacitySignal:
+    """Whether the tier is full, and about how many blocks it holds: adaptive's signal.
+
+    :meth:`refresh` runs on the admission probe thread (it may do I/O: redis
+    ``INFO memory``); the scheduler thread only reads :attr:`full` and
+    :attr:`blocks`, plain attributes.
+
+    The capacity is ``budget`` (the ``admission_capacity_bytes`` key) if set,
+    else what the backend reports (``Backend.capacity_usage``: fs
+    ``max_bytes``, redis ``maxmemory``); neither: unbounded, never full.
+    Bytes used are the backend's count where it has one, else the frame
+    bytes this process wrote (s3: a budget of PUT bytes). Full from
+    :attr:`FULL_FRACTION` of the capacity on: an fs tier's evictor keeps it
+    between its low and high watermarks (0.85-0.95) once full.
+    """
+
+    FULL_FRACTION = 0.8
+
+    def __init__(self, usage: UsageReader | None, budget: int | None,
+                 counters: WriteCounters, row_bytes: int) -> None:
+        self._usage = usage
+        self.budget = budget
+        self._counters = counters
+        self._row_bytes = row_bytes
+        self.used = 0
+        self.capacity: int | None = budget
+        #: Read by the scheduler thread.
+        self.full = False
+        #: Blocks the capacity holds, at the mean frame size written so far (0: unbounded).
+        self.blocks = 0
+
+    def refresh(self) -> None:
+        report = None
+        if self._usage is not None:
+            try:
+                report = self._usage()
+            except Exception as exc:  # keep the last reading; the next refresh retries
+                logger.debug("admission: capacity reading failed: %s", exc)
+                return
+        c = self._counters
+        used = report[0] if report is not None else c.stored_bytes_written
+        capacity = self.budget or (report[1] if report is not None else None)
+        self.used, self.capacity = used, capacity
+        if not capacity:
+            self.full, self.blocks = False, 0
+            return
+        frame = c.stored_bytes_written // c.objects_stored if c.objects_stored else 0
+        self.blocks = max(1, capacity // max(1, frame or self._row_bytes))
+        self.full = used >= self.FULL_FRACTION * capacity
+
+
+class WriteCounters(Protocol):
+    """The tier's write counters, read by :class:`CapacitySignal`."""
+
+    objects_stored: int
+    stored_bytes_written: int
+
+
+class AdaptivePolicy:
+    """Write everything while the tier has room; gate by frequency once it is full.
+
+    TinyLFU's idea -- admit a block only if it is more frequent than what it
+    would displace -- with the threshold measured rather than assumed. In a
+    tier that evicts least-recently-used blocks the block displaced has
+    almost always been seen once (most blocks are never read again), so the
+    comparison is between admitting first sightings (threshold 1: write
+    everything) and admitting from the second sighting on (threshold 2).
+    Which wins depends on the tier's size against the workload's reuse
+    distances: a small tier evicts a first-sighted block before its reuse
+    comes, so writing it only displaces blocks that were going to be read; a
+    large one keeps it until the reuse and gains a hit.
+
+    So the policy runs both, in miniature (W-TinyLFU's admission window and
+    ghost entries in one mechanism): a hash sample of one sighting in
+    ``256 // sample_limit`` (by the key's byte 31, uniform) drives two small
+    LRU caches of the tier's capacity in blocks scaled by the same fraction,
+    one writing every block, one writing blocks whose sketch count has
+    reached 2. Their hits, halved every eight capacities of sampled
+    sightings so that the choice follows the workload, choose the threshold:
+    1 while write-everything's hits exceed the gated one's by more than
+    ``margin`` (writes cost something; near a tie, fewer writes win), else 2.
+    Ageing of the sketch forgets a first sighting, so a block that was not
+    admitted is tried again later instead of being shut out for good.
+
+    Scheduler thread: :meth:`admit` and :meth:`seen` are two C calls (the
+    sketch, and the sample with each sampled key's count as of its sighting)
+    and, when a key was sampled, one deque append.
+    Everything else -- reading the capacity, running the miniatures, choosing
+    the threshold -- runs in :meth:`update`, on the probe thread
+    (:class:`AdmissionProbe`), which publishes the threshold as a plain
+    attribute. A skipped block is counted in ``stores_not_admitted_cold``.
+    """
+
+    def __init__(self, sketch: FrequencySketch, signal: CapacitySignal,
+                 counters: SkipCounters, sample_limit: int = 16, margin: float = 0.25) -> None:
+        self.sketch = sketch
+        self.signal = signal
+        self.counters = counters
+        self.sample_limit = sample_limit
+        self.margin = margin
+        #: The gate's threshold once the tier is full (read by the scheduler thread).
+        self.threshold = 2
+        #: Sampled sightings, one flat [key, count, ...] list per job, for update().
+        self._samples: deque[list[bytes | int]] = deque(maxlen=1 << 16)
+        self._write_all: OrderedDict[bytes, None] = OrderedDict()
+        self._gated: OrderedDict[bytes, None] = OrderedDict()
+        self.hits_write_all = 0.0
+        self.hits_gated = 0.0
+        self._refs = 0
+        self._probe: AdmissionProbe | None = None
+
+    # -- scheduler thread ------------------------------------------------------------
+    def admit(self, keys: list[bytes]) -> list[int] | None:
+        sketch = self.sketch
+        admitted = sketch.offer(keys, self.threshold if self.signal.full else 1)
+        sampled = sketch.sample(keys, self.sample_limit)
+        if sampled is not None:
+            self._samples.append(sampled)
+        if admitted is not None:
+            self.counters.stores_not_admitted_cold += len(keys) - len(admitted)
+        return admitted
+
+    def seen(self, keys: list[bytes]) -> None:
+        sketch = self.sketch
+        sketch.increment(keys)
+        sampled = sketch.sample(keys, self.sample_limit)
+        if sampled is not None:
+            self._samples.append(sampled)
+
+    # -- probe thread ------------------------------------------------------------------
+    def update(self) -> None:
+        """Run the sampled sightings through the miniatures; choose the threshold."""
+        cap = max(1, self.signal.blocks * self.sample_limit // 256)
+        samples = self._samples
+        while samples:
+            flat = samples.popleft()
+            for i in range(0, len(flat), 2):
+                self._sighting(flat[i], flat[i + 1], cap)  # type: ignore[arg-type]
+        self.threshold = 1 if self.hits_write_all > self.hits_gated * (1 + self.margin) else 2
+
+    def _sighting(self, key: bytes, count: int, cap: int) -> None:
+        """One sampled sighting (``count``: the sketch's, with it) through both miniatures."""
+        write_all, gated = self._write_all, self._gated
+        if key in write_all:
+            write_all.move_to_end(key)
+            self.hits_write_all += 1
+        else:
+            write_all[key] = None
+        if key in gated:
+            gated.move_to_end(key)
+            self.hits_gated += 1
+        elif count >= 2:
+            gated[key] = None
+        for mini in (write_all, gated):
+            while len(mini) > cap:
+                mini.popitem(last=False)
+        self._refs += 1
+        if self._refs >= 8 * cap:
+            self._refs = 0
+            self.hits_write_all /= 2
+            self.hits_gated /= 2
+
+    def start(self, interval_s: float) -> None:
+        """Refresh the capacity signal and :meth:`update` every ``interval_s``, in a thread."""
+        self._probe = AdmissionProbe(self, interval_s)
+        self._probe.start()
+
+    def close(self) -> None:
+        if self._probe is not None:
+            self._probe.stop()
+            self._probe = None
+
+
+class AdmissionProbe:
+    """The adaptive policy's own thread: capacity readings and the miniatures.
+
+    Holds the policy weakly, so a tier dropped without ``shutdown`` does not
+    keep its thread alive.
+    """
+
+    def __init__(self, policy: AdaptivePolicy, interval_s: float) -> None:
+        self._policy = weakref.ref(policy)
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kvstore_admission", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            policy = self._policy()
+            if policy is None:
+                return
+            try:
+                policy.signal.refresh()
+                policy.update()
+            except Exception:
+                logger.exception("admission: probe failed; the threshold is left as it was")
+            del policy
+            if self._stop.wait(self._interval_s):
+                return

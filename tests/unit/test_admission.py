@@ -1,0 +1,294 @@
+"""The admission sketch and policies (kvstore_tiers.admission), without a tier."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from kvstore_tiers import admission
+from kvstore_tiers.admission import FrequencySketch, ReusePolicy
+from kvstore_tiers.config import TierConfig, validate_config
+from kvstore_tiers.errors import ConfigError
+from kvstore_tiers.metrics import TierCounters
+from kvstore_tiers.tools.harness import make_keys
+
+
+@pytest.fixture(params=["native", "python"])
+def native(request) -> bool:
+    if request.param == "native":
+        pytest.importorskip("kvstore_tiers._sketch")
+        return True
+    return False
+
+
+def test_counts_each_sighting_up_to_the_cap(native) -> None:
+    s = FrequencySketch(1 << 12, native=native)
+    (key,) = make_keys(1)
+    for n in range(1, 20):
+        s.increment([key])
+        assert s.estimate(key) == min(n, admission.MAX_COUNT)
+
+
+def test_never_underestimates_and_rarely_overestimates(native) -> None:
+    s = FrequencySketch(1 << 14, period=1 << 30, native=native)
+    keys = make_keys(2000, seed=1)
+    rng = random.Random(0)
+    truth = {k: rng.randint(0, 6) for k in keys}
+    for k, n in truth.items():
+        for _ in range(n):
+            s.increment([k])
+    over = sum(s.estimate(k) != n for k, n in truth.items())
+    assert all(s.estimate(k) >= n for k, n in truth.items())
+    assert over < len(keys) // 100  # 2,000 keys in 16,384 counters per row
+
+
+def test_groups_of_one_block_count_apart(native) -> None:
+    s = FrequencySketch(1 << 12, native=native)
+    (h,) = make_keys(1)
+    a, b = h[:32] + (0).to_bytes(4, "big"), h[:32] + (1).to_bytes(4, "big")
+    s.increment([a, a, a])
+    assert s.estimate(a) == 3 and s.estimate(b) == 0
+
+
+def test_ageing_halves_every_counter_every_sample(native) -> None:
+    s = FrequencySketch(1 << 10, period=100, native=native)
+    hot, *others = make_keys(101, seed=2)
+    s.increment([hot] * 8)
+    assert s.estimate(hot) == 8 and s.agings == 0
+    s.increment(others[:92])  # the 100th increment
+    assert s.agings == 1 and s.estimate(hot) == 4
+    assert s.additions == 50
+
+
+def test_memory_is_fixed_whatever_the_number_of_keys(native) -> None:
+    s = FrequencySketch(1 << 10, native=native)
+    before = s.nbytes
+    for seed in range(20):
+        s.increment(make_keys(500, seed=seed))
+    assert s.nbytes == before == 4 * (1 << 10) and len(s.table) == before
+    assert s.agings >= 9  # 10,000 sightings, halved every 1,024
+
+
+def test_offer_answers_none_when_all_reach_the_threshold_else_their_indices(native) -> None:
+    s = FrequencySketch(1 << 12, native=native)
+    keys = make_keys(4, seed=3)
+    s.increment([keys[1], keys[3]])
+    assert s.offer(keys, 2) == [1, 3]  # 0 and 2 seen once (now), 1 and 3 twice
+    assert s.offer(keys, 2) is None
+    assert s.offer([], 2) is None
+    assert s.offer(make_keys(3, seed=4), 2) == []
+
+
+def test_bad_keys_and_widths_are_refused(native) -> None:
+    s = FrequencySketch(1 << 10, native=native)
+    with pytest.raises(TypeError):
+        s.increment(["not bytes"])  # type: ignore[list-item]
+    with pytest.raises(ValueError):
+        s.offer([b"short"], 2)
+    with pytest.raises(ValueError):
+        FrequencySketch(1000)
+
+
+def test_the_compiled_kernel_and_its_python_twin_agree() -> None:
+    pytest.importorskip("kvstore_tiers._sketch")
+    c, p = FrequencySketch(1 << 8, period=3000), FrequencySketch(1 << 8, period=3000, native=False)
+    assert c._offer is not p._offer
+    rng = random.Random(5)
+    pool = make_keys(600, seed=5) + [k[:32] + bytes([0, 0, 0, g]) for k in make_keys(20, 6)
+                                     for g in range(3)]
+    for _ in range(400):
+        keys = rng.sample(pool, rng.randint(0, 24))
+        if rng.random() < 0.3:
+            c.increment(keys)
+            p.increment(keys)
+        else:
+            threshold = rng.randint(1, 5)
+            assert c.offer(keys, threshold) == p.offer(keys, threshold)
+        assert c.table == p.table
+    assert c.agings == p.agings > 0
+
+
+def test_reuse_writes_on_the_nth_sighting_and_counts_the_rest() -> None:
+    counters = TierCounters()
+    policy = ReusePolicy(FrequencySketch(1 << 12), 3, counters)
+    keys = make_keys(3, seed=7)
+    assert policy.admit(keys) == []
+    policy.seen(keys[:1])  # a load is a sighting
+    assert policy.admit(keys) == [0]
+    assert policy.admit(keys) is None
+    assert counters.stores_not_admitted_rare == 3 + 2
+    assert counters.stores_not_admitted_cold == 0
+
+
+def test_select_keeps_keys_and_their_chunk_ids_together() -> None:
+    assert admission.select([b"a", b"b", b"c"], [7, 8, 9], [0, 2]) == ([b"a", b"c"], [7, 9])
+
+
+@pytest.mark.parametrize(("key", "value"), [
+    ("admission", "sometimes"),
+    ("admission_min_sightings", 1),
+    ("admission_min_sightings", 16),
+    ("admission_sketch_width", 3000),
+    ("admission_sketch_width", 512),
+])
+def test_bad_admission_keys_fail_naming_the_key(key: str, value: object) -> None:
+    with pytest.raises(ConfigError, match=f"key '{key}'"):
+        validate_config(TierConfig, "fs", {key: value})
+
+
+def test_admission_defaults_keep_writing_everything() -> None:
+    config = TierConfig()
+    assert config.admission == "always"
+    assert config.admission_sketch_width == 1 << 20
+
+
+# -- adaptive --------------------------------------------------------------------------
+
+class _Writes:
+    objects_stored = 0
+    stored_bytes_written = 0
+
+
+def _signal(used: int, capacity: int | None, budget: int | None = None,
+            row_bytes: int = 1000) -> admission.CapacitySignal:
+    sig = admission.CapacitySignal(lambda: None if capacity is None else (used, capacity),
+                                   budget, _Writes(), row_bytes)
+    sig.refresh()
+    return sig
+
+
+def _sampled_keys(n: int, seed: int) -> list[bytes]:
+    """Keys every sample takes (byte 31 is 0)."""
+    return [k[:31] + b"\0" + k[32:] for k in make_keys(n, seed=seed)]
+
+
+def test_the_capacity_signal_reads_full_past_its_fraction_and_counts_blocks() -> None:
+    assert not _signal(700_000, 1_000_000).full
+    full = _signal(800_000, 1_000_000)
+    assert full.full and full.blocks == 1000  # at the row size until something is written
+    unbounded = _signal(10**12, None)
+    assert not unbounded.full and unbounded.blocks == 0
+    budget = _signal(0, None, budget=1_000_000)  # s3: the bytes this process wrote
+    assert not budget.full
+    budget._counters.objects_stored, budget._counters.stored_bytes_written = 2000, 900_000
+    budget.refresh()
+    assert budget.full and budget.blocks == 2222  # at the mean frame size written
+
+
+def test_a_failing_capacity_reading_keeps_the_last_one() -> None:
+    readings: list[object] = [(900, 1000)]
+
+    def usage() -> tuple[int, int]:
+        r = readings.pop(0)
+        if isinstance(r, Exception):
+            raise r
+        return r  # type: ignore[return-value]
+
+    sig = admission.CapacitySignal(usage, None, _Writes(), 10)
+    sig.refresh()
+    readings.append(ConnectionError("down"))
+    sig.refresh()
+    assert sig.full and sig.blocks == 100
+
+
+def test_adaptive_writes_everything_while_the_tier_has_room(native) -> None:
+    counters = TierCounters()
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 12, native=native),
+                                      _signal(0, 10**9), counters)
+    keys = make_keys(8, seed=8)
+    assert policy.admit(keys) is None
+    assert counters.stores_not_admitted_cold == 0
+    assert policy.sketch.estimate(keys[0]) == 1  # still counted
+
+
+def test_adaptive_gates_first_sightings_once_full() -> None:
+    counters = TierCounters()
+    sig = _signal(0, 10**9)
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 12), sig, counters)
+    seen = make_keys(2, seed=9)
+    policy.seen(seen)  # loaded once: a sighting
+    sig._usage = lambda: (10**9, 10**9)
+    sig.refresh()
+    assert sig.full and policy.threshold == 2
+    new = make_keys(3, seed=10)
+    assert policy.admit(new[:1] + seen + new[1:]) == [1, 2]
+    assert counters.stores_not_admitted_cold == 3 and counters.stores_not_admitted_rare == 0
+    policy.threshold = 1  # the miniatures found writing everything better
+    assert policy.admit(make_keys(3, seed=11)) is None
+
+
+def _run(policy: admission.AdaptivePolicy, stream: list[bytes]) -> None:
+    for key in stream:
+        policy.admit([key])
+    policy.update()
+
+
+def test_the_miniatures_choose_write_everything_when_reuse_comes_soon() -> None:
+    # A tier of 2,560 blocks: the miniatures (1 in 16 of the sightings) hold 160.
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 16), _signal(2_560_000, 2_560_000),
+                                      TierCounters())
+    assert policy.signal.blocks == 2560
+    keys = _sampled_keys(2000, seed=12)
+    stream = []
+    for i in range(0, 2000, 50):  # each block read again 50 sightings later, once
+        stream += keys[i:i + 50] + keys[i:i + 50]
+    _run(policy, stream)
+    assert policy.hits_write_all > 1.25 * policy.hits_gated
+    assert policy.threshold == 1
+
+
+def test_the_miniatures_choose_the_gate_when_one_time_blocks_would_flush_the_tier() -> None:
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 16), _signal(2_560_000, 2_560_000),
+                                      TierCounters())
+    hot, cold = _sampled_keys(100, seed=13), _sampled_keys(4000, seed=14)
+    stream = []
+    for i in range(40):  # the hot blocks come back every 200 sightings, among one-timers
+        stream += hot + cold[i * 100:(i + 1) * 100]
+    _run(policy, stream)
+    assert policy.hits_gated > 1.25 * policy.hits_write_all
+    assert policy.threshold == 2
+    # ... and back to writing everything when the workload changes.
+    _run(policy, [k for i in range(0, 4000, 50)
+                  for k in (_sampled_keys(50, seed=100 + i) * 2)])
+    assert policy.threshold == 1
+
+
+def test_the_probe_thread_refreshes_and_stops_on_close() -> None:
+    readings = []
+
+    def usage() -> tuple[int, int]:
+        readings.append(1)
+        return 0, 10**9
+
+    sig = admission.CapacitySignal(usage, None, _Writes(), 10)
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 10), sig, TierCounters())
+    policy.start(0.001)
+    probe = policy._probe
+    assert probe is not None
+    probe._stop.wait(0.2)  # let it run a few rounds (no assertion on how many)
+    policy.close()
+    assert not probe._thread.is_alive() and readings
+    n = len(readings)
+    policy.close()
+    assert len(readings) == n
+
+
+def test_sample_and_estimate_twins_agree() -> None:
+    native_mod = pytest.importorskip("kvstore_tiers._sketch")
+    keys = make_keys(500, seed=15)
+    s = FrequencySketch(1 << 8)
+    s.increment(keys * 2 + keys[:50])
+    t, m = s.table, s.mask
+    flat = native_mod.sample(t, keys, m, 16)
+    assert flat == admission._sample_py(t, keys, m, 16)
+    assert flat[0::2] == [k for k in keys if k[31] < 16]
+    assert flat[1::2] == [s.estimate(k) for k in flat[0::2]]
+    assert native_mod.sample(t, keys[:3], m, 0) is None
+    assert admission._sample_py(t, keys[:3], m, 0) is None
+    assert [native_mod.estimate(t, k, m) for k in keys] == [
+        admission._estimate_py(t, k, m) for k in keys]
+    with pytest.raises(ValueError):
+        native_mod.sample(t, [b"short"], m, 16)
+    with pytest.raises(ValueError):
+        admission._sample_py(t, [b"short"], m, 16)
