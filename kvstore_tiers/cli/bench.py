@@ -257,9 +257,15 @@ def _trace(trace_path: Path, tiers: tuple[str, ...], policies: tuple[str, ...],
     result: dict[str, Any] = {"machine": machine_info(), "code": code_info(),
                               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     t0 = time.time()
-    result["trace"] = trace.run(plan, requests,
-                                lambda msg: console.print(f"[{time.time() - t0:5.0f} s] {msg}"))
+
+    def partial(so_far: dict[str, Any]) -> None:
+        write_json({**result, "trace": so_far, "complete": False}, out_dir / "trace.json")
+
+    result["trace"] = trace.run(
+        plan, requests, lambda msg: console.print(f"[{time.time() - t0:5.0f} s] {msg}"),
+        partial)
     result["seconds"] = time.time() - t0
+    result["complete"] = True
     console.print(trace_table(result["trace"]))
     console.print(f"result: {write_json(result, out_dir / 'trace.json')}")
     if not no_plots:

@@ -368,8 +368,10 @@ def _row(tier: str, policy: str, percent: float, capacity: int, stats: ReplaySta
 
 
 def run(plan: TracePlan, requests: Sequence[TraceRequest],
-        progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Every (tier, policy, capacity) of ``plan`` over ``requests``; the result dict."""
+        progress: Callable[[str], None] = print,
+        partial: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Every (tier, policy, capacity) of ``plan`` over ``requests``; the result dict.
+    ``partial`` gets the result so far after each run (a long run keeps what it did)."""
     chunk = plan.chunk_bytes
     rows = payload_rows(chunk, plan.samples_dir)
     distinct = distinct_blocks(list(requests))
@@ -385,7 +387,12 @@ def run(plan: TracePlan, requests: Sequence[TraceRequest],
                                                             plan.min_sightings)
         return refs[policy, capacity]
 
-    out: list[dict[str, Any]] = []
+    out = _Rows(partial, {
+        "trace": str(plan.trace), "requests": len(requests), "distinct_blocks": distinct,
+        "blocks_requested": sum(len(r.hash_ids) for r in requests),
+        "chunk_bytes": chunk, "primary_blocks": primary, "store_piece": STORE_PIECE,
+        "payload": "real bf16 KV samples" if plan.samples_dir else "random bytes",
+        "scales": SCALES, "min_sightings": plan.min_sightings})
     base = plan.directory.resolve() / f"trace-{uuid.uuid4().hex[:8]}"
     try:
         if "fs" in plan.tiers:
@@ -433,13 +440,26 @@ def run(plan: TracePlan, requests: Sequence[TraceRequest],
             out.extend(_s3_rows(plan, requests, rows, primary, distinct, reference, progress))
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    return {
-        "trace": str(plan.trace), "requests": len(requests), "distinct_blocks": distinct,
-        "blocks_requested": sum(len(r.hash_ids) for r in requests),
-        "chunk_bytes": chunk, "primary_blocks": primary, "store_piece": STORE_PIECE,
-        "payload": "real bf16 KV samples" if plan.samples_dir else "random bytes",
-        "scales": SCALES, "min_sightings": plan.min_sightings, "rows": out,
-    }
+    return out.result
+
+
+class _Rows(list):
+    """The rows of a run; each one added hands the result so far to ``partial``."""
+
+    def __init__(self, partial: Callable[[dict[str, Any]], None] | None,
+                 head: dict[str, Any]) -> None:
+        super().__init__()
+        self.partial = partial
+        self.result = {**head, "rows": self}
+
+    def append(self, row: dict[str, Any]) -> None:
+        super().append(row)
+        if self.partial is not None:
+            self.partial(self.result)
+
+    def extend(self, rows: Any) -> None:
+        for row in rows:
+            self.append(row)
 
 
 def _s3_rows(plan: TracePlan, requests: Sequence[TraceRequest], rows: np.ndarray,
