@@ -70,6 +70,12 @@ SCALES = {
     "Llama-3.1-8B": 32 * 2 * 8 * 128 * 2 * BLOCK_TOKENS,  # 64 MiB
 }
 _GROUP = (0).to_bytes(4, "big")
+#: vLLM's latency backpressure for the remote tiers, set out of reach: its
+#: water marks are seconds per MiB tuned for MiB-size chunks, and with the
+#: small chunks of a replay a job's fixed round-trip time alone crosses them,
+#: so it would skip most cascades, for a reason a real chunk would not have.
+REMOTE_BACKPRESSURE = {"backpressure_cls": "EMABackpressureDetector",
+                       "high_water_s": 1e6, "low_water_s": 1e6}
 #: The fs tier's (high, low) watermarks in the replay. Each eviction round
 #: re-counts the whole namespace directory (4,096 shard directories): with the
 #: default band (0.95-0.85) a 2 % capacity takes ~650 rounds per 3,000
@@ -434,6 +440,7 @@ def run(plan: TracePlan, requests: Sequence[TraceRequest],
                         maxmemory = int(client.info("memory")["used_memory"]) + cap * per_key
                         client.config_set("maxmemory", maxmemory)
                         cfg = {"type": "redis", "url": url,
+                               "backpressure": dict(REMOTE_BACKPRESSURE),
                                **policy_keys(policy, plan.min_sightings),
                                **plan.extra_tier_keys}
                         progress(f"redis {pct:g} % {policy}")
@@ -488,6 +495,7 @@ def _s3_rows(plan: TracePlan, requests: Sequence[TraceRequest], rows: np.ndarray
             admin.create_bucket(Bucket=bucket)
             cfg = {"type": "s3", "bucket": bucket, "endpoint_url": endpoint,
                    "region": "us-east-1", **FAKE_KEYS,
+                   "backpressure": dict(REMOTE_BACKPRESSURE),
                    **policy_keys(policy, plan.min_sightings), **plan.extra_tier_keys}
             progress(f"s3 100 % {policy}")
             stats, counters = replay(requests, cfg, plan.chunk_bytes, primary, rows,
