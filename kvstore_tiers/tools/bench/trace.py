@@ -453,7 +453,7 @@ def run(plan: TracePlan, requests: Sequence[TraceRequest],
                                          "keys_at_end": int(client.dbsize())}))
                         client.config_set("maxmemory", 0)
         if "s3" in plan.tiers:
-            out.extend(_s3_rows(plan, requests, rows, primary, distinct, reference, progress))
+            _s3_rows(out, plan, requests, rows, primary, distinct, reference, progress)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     return out.result
@@ -473,21 +473,17 @@ class _Rows(list):
         if self.partial is not None:
             self.partial(self.result)
 
-    def extend(self, rows: Any) -> None:
-        for row in rows:
-            self.append(row)
 
-
-def _s3_rows(plan: TracePlan, requests: Sequence[TraceRequest], rows: np.ndarray,
-             primary: int, distinct: int,
+def _s3_rows(out: list[dict[str, Any]], plan: TracePlan, requests: Sequence[TraceRequest],
+             rows: np.ndarray, primary: int, distinct: int,
              reference: Callable[[str, int], trace_reference.ReferenceResult | None],
-             progress: Callable[[str], None]) -> list[dict[str, Any]]:
-    """s3 on a local moto server: no capacity, so 100 % only; PUTs as the backend counts them."""
+             progress: Callable[[str], None]) -> None:
+    """s3 on a local moto server: no capacity, so 100 % only; PUTs as the backend counts
+    them. Appends one row per policy to ``out``."""
     import boto3
 
     from kvstore_tiers.tools.bench.s3_bench import FAKE_KEYS, moto_server
 
-    out = []
     with moto_server() as endpoint:
         admin = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1", **FAKE_KEYS)
         for policy in plan.policies:
@@ -503,4 +499,3 @@ def _s3_rows(plan: TracePlan, requests: Sequence[TraceRequest], rows: np.ndarray
             out.append(_row("s3", policy, 100.0, distinct, stats, counters,
                             reference(policy, distinct), plan.chunk_bytes,
                             {"requests_by_kind": counters.pop("requests_by_kind")}))
-    return out
