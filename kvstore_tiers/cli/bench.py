@@ -24,7 +24,8 @@ from kvstore_tiers.cli._common import require_extra
               help="The short run: 256 KiB and 2 MiB, one round, fewer chunks (fs alone: "
               "about 8 minutes on a busy 2-core VM).")
 @click.option("--chunk-kib", "chunk_kib", type=click.IntRange(4), multiple=True,
-              help="Chunk sizes in KiB (repeatable; default 256, 2048, 8192).")
+              help="Chunk sizes in KiB (repeatable; default 256, 2048, 8192; --trace: one "
+              "size, default 32).")
 @click.option("--total-mib", type=click.IntRange(4), default=None,
               help="Data per round and chunk size (default 64, quick 32); a window "
               "moves at least 256 chunks (up to 1 GiB) whatever this says.")
@@ -93,7 +94,7 @@ from kvstore_tiers.cli._common import require_extra
 @click.option("--primary-blocks", type=click.IntRange(8), default=None,
               help="--trace: rows of vLLM's CPU primary tier (default: the longest "
               "request's blocks + 32, so the tier is what is measured).")
-@click.option("--min-sightings", type=click.IntRange(1), default=2, show_default=True,
+@click.option("--min-sightings", type=click.IntRange(2, 15), default=2, show_default=True,
               help="--trace: the reuse policy's admission_min_sightings (and the "
               "reference's write-on-Nth-sight).")
 def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
