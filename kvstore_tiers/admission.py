@@ -33,7 +33,7 @@ from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
-#: Rows of the sketch (independent counters per key; the estimate is their minimum).
+#: Counters per key (one per quarter of its 64-byte block; the estimate is their minimum).
 ROWS = 4
 #: Counters saturate here (4 bits' worth; ageing halves them).
 MAX_COUNT = 15
@@ -50,19 +50,23 @@ def _mix32(g: int) -> int:
     return g ^ (g >> 16)
 
 
-def _row_slots(key: bytes, mask: int, width: int) -> list[int]:
-    """The table offsets of ``key``'s counters (the C kernel's ``bump``)."""
+def _row_slots(key: bytes, width: int) -> list[int]:
+    """The table offsets of ``key``'s four counters (the C kernel's ``locate``):
+    one 64-byte block chosen by hash bytes [0, 4), one counter in each of its
+    16-byte quarters chosen by four bits of bytes [4, 8); both mixed with the
+    group index."""
     if not isinstance(key, bytes):
         raise TypeError("sketch keys must be bytes")
     if len(key) < 4 * ROWS:
         raise ValueError("sketch keys must be at least 16 bytes")
     group = _mix32(int.from_bytes(key[32:36], "little"))
-    return [r * width + ((int.from_bytes(key[4 * r:4 * r + 4], "little") ^ group) & mask)
-            for r in range(ROWS)]
+    block = 64 * ((int.from_bytes(key[0:4], "little") ^ group) & (width // 16 - 1))
+    bits = int.from_bytes(key[4:8], "little") ^ group
+    return [block + 16 * r + ((bits >> (4 * r)) & 15) for r in range(ROWS)]
 
 
 def _bump_py(table: bytearray, mask: int, key: bytes) -> int:
-    slots = _row_slots(key, mask, mask + 1)
+    slots = _row_slots(key, mask + 1)
     m = min(table[s] for s in slots)
     if m >= MAX_COUNT:
         return MAX_COUNT
@@ -90,7 +94,7 @@ def _increment_py(table: bytearray, keys: list[bytes], mask: int) -> None:
 
 def _estimate_py(table: bytearray, key: bytes, mask: int) -> int:
     """Python twin of ``_sketch.estimate``: the minimum of ``key``'s counters."""
-    return min(table[s] for s in _row_slots(key, mask, mask + 1))
+    return min(table[s] for s in _row_slots(key, mask + 1))
 
 
 def _sample_py(table: bytearray, keys: list[bytes], mask: int, limit: int
@@ -127,10 +131,12 @@ NATIVE = _offer is not _offer_py
 class FrequencySketch:
     """A count-min sketch with ageing: how often each key was seen, lately.
 
-    ``ROWS`` (4) rows of ``width`` one-byte counters (a power of two, so
-    ``4 * width`` bytes in all: 256 KiB at the default 2^16), conservative
-    update, counters saturating at 15. A key's estimate is the minimum of its
-    four counters: never below the true count since the last ageing
+    ``4 * width`` one-byte counters (``width`` a power of two: 1 MiB at the
+    tier's default 2^18), as blocks of 64, one cache line each. A key has
+    four counters in one block, one per 16-byte quarter (a blocked count-min,
+    as Caffeine's: one cache miss per key, not four). Conservative update,
+    counters saturating at 15. A key's estimate is the minimum of its four
+    counters: never below the true count since the last ageing
     (collisions only add), capped at 15. Every ``period`` increments (default
     ``width``) every counter is halved, so old popularity fades, a key seen
     once is forgotten within one to two periods, and the memory stays what it
@@ -139,14 +145,15 @@ class FrequencySketch:
     probability at most (1 - 1/e)^4 (16 %), and far less when keys repeat.
 
     Keys are vLLM's offload keys (a uniform 32-byte block hash, then a
-    4-byte group index): row ``r`` indexes by hash bytes ``[4r, 4r+4)``
-    mixed with the group; no hashing is needed.
+    4-byte group index): the block and the counters are slices of the hash
+    mixed with the group (:func:`_row_slots`); no hashing is needed.
 
-    Scheduler thread only; no lock.
+    Written on the scheduler thread only; the adaptive policy's probe thread
+    only reads it (each C call runs under the GIL).
     """
 
     def __init__(self, width: int, period: int | None = None, native: bool = True) -> None:
-        if width < 16 or width & (width - 1):
+        if width < 16 or width & (width - 1):  # at least one block
             raise ValueError("sketch width must be a power of two >= 16")
         self.width = width
         self.mask = width - 1
@@ -168,18 +175,15 @@ class FrequencySketch:
         """Count one sighting of each of ``keys``; None if every key has now been
         seen at least ``threshold`` times, else the indices of those that have."""
         admitted = self._offer(self.table, keys, self.mask, threshold)
-        self._added(len(keys))
+        self.additions += len(keys)  # inline, not _added(): one call less per job
+        if self.additions >= self.period:
+            self._age()
         return admitted
 
     def increment(self, keys: list[bytes]) -> None:
         """Count one sighting of each of ``keys``."""
         self._increment(self.table, keys, self.mask)
         self._added(len(keys))
-
-    def sample(self, keys: list[bytes], limit: int) -> list[bytes | int] | None:
-        """The keys of a hash sample (byte 31 below ``limit``: ``limit`` in 256),
-        each followed by its estimate, flat; None if none is in the sample."""
-        return self._sample(self.table, keys, self.mask, limit)
 
     def estimate(self, key: bytes) -> int:
         """How often ``key`` was seen (at least; at most 15), ageing applied."""
@@ -188,9 +192,12 @@ class FrequencySketch:
     def _added(self, n: int) -> None:
         self.additions += n
         if self.additions >= self.period:
-            self.table[:] = self.table.translate(_HALVE)
-            self.additions //= 2
-            self.agings += 1
+            self._age()
+
+    def _age(self) -> None:
+        self.table[:] = self.table.translate(_HALVE)
+        self.additions //= 2
+        self.agings += 1
 
 
 class SkipCounters(Protocol):
@@ -369,7 +376,7 @@ class AdaptivePolicy:
     def admit(self, keys: list[bytes]) -> list[int] | None:
         sketch = self.sketch
         admitted = sketch.offer(keys, self.threshold if self.signal.full else 1)
-        sampled = sketch.sample(keys, self.sample_limit)
+        sampled = sketch._sample(sketch.table, keys, sketch.mask, self.sample_limit)
         if sampled is not None:
             self._samples.append(sampled)
         if admitted is not None:
@@ -379,7 +386,7 @@ class AdaptivePolicy:
     def seen(self, keys: list[bytes]) -> None:
         sketch = self.sketch
         sketch.increment(keys)
-        sampled = sketch.sample(keys, self.sample_limit)
+        sampled = sketch._sample(sketch.table, keys, sketch.mask, self.sample_limit)
         if sampled is not None:
             self._samples.append(sampled)
 

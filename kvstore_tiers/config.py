@@ -42,6 +42,14 @@ class TierConfig(BaseModel):
         65536, ge=1, le=1 << 24,
         description="Bound on chunks queued in the I/O pool; a job that does not fit fails.",
     )
+    max_store_bytes_in_flight: int | None = Field(
+        None, ge=0, le=1 << 50,
+        description="Backpressure: bytes of stores submitted to this tier and not yet "
+        "finished (each pins its rows of the CPU primary tier). A store job that would go "
+        "past it is dropped (counted in stores_dropped_backpressure, reported to vLLM as "
+        "finished, never as failed) instead of queueing; a tier with nothing in flight always "
+        "takes one job. Default: half the primary tier. 0: no bound.",
+    )
     store_poll_ms: float = Field(
         2.0, gt=0, le=1000,
         description="While stores flow, an idle store thread looks at the queue this often "
@@ -71,8 +79,8 @@ class TierConfig(BaseModel):
         "before it is written.",
     )
     admission_sketch_width: int = Field(
-        1 << 20, ge=1 << 10, le=1 << 26, description="Counters per row of the admission "
-        "frequency sketch (a power of two; 4 rows of one byte each: 4 MiB at the default). "
+        1 << 18, ge=1 << 10, le=1 << 26, description="Size of the admission frequency "
+        "sketch: 4 x this many one-byte counters (a power of two; 1 MiB at the default). "
         "Counters are halved every admission_sketch_width sightings. Make it at least the "
         "number of distinct blocks offered between two halvings; used by reuse and adaptive.",
     )

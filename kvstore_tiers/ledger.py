@@ -217,7 +217,8 @@ class Ledger:
         self._hold_verdicts(job.req_id, s.bad)
 
     # -- inspection ----------------------------------------------------------------------
-    def gauges(self, queued_chunks: int, evicted_objects: int) -> dict[str, float]:
+    def gauges(self, queued_chunks: int, store_bytes_in_flight: int, evicted_objects: int
+               ) -> dict[str, float]:
         """The tier's gauges for vLLM's stats (and the eviction count, kept by the backend)."""
         self.counters.objects_evicted = evicted_objects
         state = self.breaker.state
@@ -225,6 +226,7 @@ class Ledger:
             "healthy": float(state is BreakerState.CLOSED),
             "circuit_state": float(int(state)),
             "queued_chunks": float(queued_chunks),
+            "store_bytes_in_flight": float(store_bytes_in_flight),
         }
 
     def write_stats_file(self, directory: str | None, backend: str, namespace: str,

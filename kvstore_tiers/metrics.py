@@ -29,6 +29,8 @@ COUNTERS: dict[str, str] = {
     "store_failures": "Objects whose store failed with a backend error.",
     "load_failures": "Objects whose load failed with a backend error.",
     "stores_dropped": "Objects not stored because the tier was unhealthy or its queue full.",
+    "stores_dropped_backpressure": "Objects not stored because the tier's stores in flight "
+                                   "were at max_store_bytes_in_flight (backpressure).",
     "stores_not_admitted_rare": "Objects not stored by admission: seen fewer than "
                                 "admission_min_sightings times (admission: reuse).",
     "stores_not_admitted_cold": "Objects not stored by admission: the tier was full and "
@@ -42,6 +44,8 @@ GAUGES: dict[str, str] = {
     "healthy": "1 while the backend is healthy (circuit closed), 0 otherwise.",
     "circuit_state": "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
     "queued_chunks": "Chunks queued in the tier's I/O pool.",
+    "store_bytes_in_flight": "Bytes of store jobs submitted and not yet finished "
+                             "(bounded by max_store_bytes_in_flight).",
 }
 HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
     "store_seconds": (
@@ -69,6 +73,7 @@ class TierCounters:
     store_failures: int = 0
     load_failures: int = 0
     stores_dropped: int = 0
+    stores_dropped_backpressure: int = 0
     stores_not_admitted_rare: int = 0
     stores_not_admitted_cold: int = 0
     transfers_cancelled: int = 0

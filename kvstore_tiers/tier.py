@@ -74,6 +74,22 @@ STATS_DIR_ENV = "KVSTORE_TIERS_STATS_DIR"
 _CLOSED = BreakerState.CLOSED
 
 
+def store_backlog_bound(configured: int | None, primary_bytes: int) -> float:
+    """The effective ``max_store_bytes_in_flight``: half the primary by default, 0 unbounded."""
+    if configured is None:
+        return primary_bytes / 2
+    return configured or float("inf")
+
+
+def _nothing_stored(job_id: int) -> JobResult:
+    """The result of a store job that wrote nothing and failed nothing.
+
+    ``transfer_bytes=0``: vLLM's backpressure detector ignores such a result
+    rather than counting it as a store that took no time.
+    """
+    return JobResult(job_id=job_id, success=True, transfer_time=0.0, transfer_bytes=0)
+
+
 class KVStoreTier(SecondaryTierManager):
     """Secondary tier backed by a kvstore :class:`Backend`.
 
@@ -133,6 +149,10 @@ class KVStoreTier(SecondaryTierManager):
         #: Load jobs with a deadline still in flight (scanned by get_finished_jobs).
         self._deadlined: dict[int, Job] = {}
         self._ready: deque[JobResult] = deque()  # refused at submit, reported next poll
+        #: Backpressure: bytes of store jobs submitted and not yet reported (scheduler thread).
+        self._store_bytes_in_flight = 0
+        self._max_store_bytes_in_flight = store_backlog_bound(
+            config.max_store_bytes_in_flight, self.rows.count * self._block_size_bytes)
         self._ctx = TransferContext(
             self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
             self.locality, ledger.events is not None, ledger.warn,
@@ -207,6 +227,8 @@ class KVStoreTier(SecondaryTierManager):
                     continue  # a background touch, or a job already failed at its deadline
                 if job.deadline is not None:
                     self._deadlined.pop(job.job_id, None)
+                elif not job.is_load:
+                    self._store_bytes_in_flight -= job.n_slots * self._block_size_bytes
                 job.reported = True
                 try:
                     results.append(self._ledger.completed(job))
@@ -314,7 +336,8 @@ class KVStoreTier(SecondaryTierManager):
 
     # ---------------------------------------------------------------- internals
     def _gauges(self) -> dict[str, float]:
-        return self._ledger.gauges(self._pool.queued_chunks, self.backend.evicted_objects)
+        return self._ledger.gauges(self._pool.queued_chunks, self._store_bytes_in_flight,
+                                   self.backend.evicted_objects)
 
     def _fail_now(self, job_id: int, job: TransferJob, is_load: bool) -> None:
         """Report a job failed at the next get_finished_jobs (never raises)."""
@@ -353,8 +376,18 @@ class KVStoreTier(SecondaryTierManager):
                 if admitted is not None:  # some not admitted: not stored, not indexed
                     keys, cids = select(keys, cids, admitted)
         if not keys:
-            self._ready.append(JobResult(job_id=tj.job_id, success=True, transfer_time=0.0))
+            self._ready.append(_nothing_stored(tj.job_id))
             return
+        if not is_load:
+            nbytes = len(keys) * self._block_size_bytes
+            in_flight = self._store_bytes_in_flight
+            if in_flight and in_flight + nbytes > self._max_store_bytes_in_flight:
+                # Backpressure: the tier is behind. Queueing would pin more of
+                # the primary, whose rows promotions need; drop it (vLLM keeps
+                # the blocks in the primary; a later lookup here misses).
+                self.metrics.counters.stores_dropped_backpressure += len(keys)
+                self._ready.append(_nothing_stored(tj.job_id))
+                return
         timeout = self.config.load_timeout_s
         # The job is queued once; I/O threads take it a batch at a time, so a
         # request's chunks move in parallel at no cost to this thread.
@@ -384,6 +417,8 @@ class KVStoreTier(SecondaryTierManager):
                 self.tier_type, self._pool.queued_chunks,
             )
             self._fail_now(tj.job_id, tj, is_load)
+        elif not is_load:
+            self._store_bytes_in_flight += len(keys) * self._block_size_bytes
 
     def _drop_present(self, keys: Sequence[bytes], cids: list[int]
                       ) -> tuple[list[bytes], list[int]]:

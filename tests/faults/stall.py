@@ -1,4 +1,4 @@
-"""A tier whose loads block on an Event: a backend stuck in I/O, on demand.
+"""A tier whose loads or stores block on an Event: a backend stuck in I/O, on demand.
 
 Configured through vLLM's ``module_path`` route::
 
@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from kvstore_tiers.backends.base import LoadItem
+from kvstore_tiers.backends.base import LoadItem, StoreItem
 from kvstore_tiers.backends.fs import FileSystemBackend
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.tier import KVStoreTier
@@ -19,11 +19,22 @@ from kvstore_tiers.tier import KVStoreTier
 
 class StallFsBackend(FileSystemBackend):
     """fs backend whose loads (``load_many``, every load batch) wait for
-    ``gate`` (open by default)."""
+    ``gate``, and whose stores (``store_many``) wait for ``store_gate``
+    (both open by default)."""
 
     gate = threading.Event()
     #: Set when a load is stuck at the gate.
     stalled = threading.Event()
+    store_gate = threading.Event()
+    #: Set when a store is stuck at its gate.
+    store_stalled = threading.Event()
+
+    def store_many(self, items: Sequence[StoreItem], codec: FrameCodec
+                   ) -> list[BaseException | bool]:
+        if not self.store_gate.is_set():
+            self.store_stalled.set()
+            self.store_gate.wait(30)
+        return super().store_many(items, codec)
 
     def load_many(self, items: Sequence[LoadItem], codec: FrameCodec
                   ) -> list[BaseException | None]:
@@ -34,6 +45,7 @@ class StallFsBackend(FileSystemBackend):
 
 
 StallFsBackend.gate.set()
+StallFsBackend.store_gate.set()
 
 
 class StallFsTier(KVStoreTier):

@@ -140,7 +140,7 @@ def test_bad_admission_keys_fail_naming_the_key(key: str, value: object) -> None
 def test_admission_defaults_keep_writing_everything() -> None:
     config = TierConfig()
     assert config.admission == "always"
-    assert config.admission_sketch_width == 1 << 20
+    assert config.admission_sketch_width == 1 << 18
 
 
 # -- adaptive --------------------------------------------------------------------------

@@ -140,8 +140,8 @@ def window_chunks(chunk: int, total_bytes: int) -> int:
     return n - n % 4
 
 
-def _tier_cfg(kind: str, root: Path) -> dict[str, Any]:
-    return {"type": TIERS[kind], "root_dir": str(root)}
+def _tier_cfg(kind: str, root: Path, **extra: Any) -> dict[str, Any]:
+    return {"type": TIERS[kind], "root_dir": str(root), **extra}
 
 
 def _settle(h: Harness) -> None:
@@ -275,7 +275,9 @@ def promote_all(h: Harness, reqs: list[tuple[Any, list[bytes]]]) -> tuple[int, i
 
 # --------------------------------------------------------- scheduler-thread time
 def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight: int,
-                   waves: int = 16, gc_phase_seed: int | None = None
+                   waves: int = 16, gc_phase_seed: int | None = None,
+                   tier_extra: dict[str, Any] | None = None,
+                   before_wave: Callable[[Any, list[bytes]], None] | None = None,
                    ) -> dict[str, dict[str, float]]:
     """p50/p99 microseconds of the tier methods vLLM calls, per call and per chunk.
 
@@ -293,8 +295,12 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
     starts with a random number (0 to the threshold) of extra young objects,
     held until the wave ends, so the pass falls anywhere too and each
     method takes its share of passes by its share of allocations.
+
+    ``tier_extra``: more keys of the tier's config (the admission A/B);
+    ``before_wave(tier, keys)`` runs, untimed, before each wave's stores.
     """
-    h = build_harness([_tier_cfg(kind, root)], num_chunks=in_flight * 2, chunk_bytes=chunk)
+    h = build_harness([_tier_cfg(kind, root, **(tier_extra or {}))],
+                      num_chunks=in_flight * 2, chunk_bytes=chunk)
     tier = h.tiers[0]
     #: Per call: (seconds, chunks moved, whether a cyclic-GC pass ran inside it).
     samples: dict[str, list[tuple[float, int, bool]]] = {
@@ -354,6 +360,8 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
             phase = ([[] for _ in range(int(phase_rng.integers(0, gc.get_threshold()[0])))]
                      if gc_phase_seed is not None else [])
             keys = make_keys(in_flight, seed=77 + wave)
+            if before_wave is not None:
+                before_wave(tier, keys)
             ctx = h.new_request()
             jobs = [keys[s:s + job_chunks] for s in range(0, in_flight, job_chunks)]
             with h.locked():

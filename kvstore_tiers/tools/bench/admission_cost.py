@@ -1,0 +1,101 @@
+"""Scheduler-thread cost of store admission: a paired A/B through vLLM's real manager.
+
+``python -m kvstore_tiers.tools.bench.admission_cost --rounds 6``
+
+Each round measures the fs tier three times, ``admission`` off (``always``),
+``reuse`` and ``adaptive``, in an order rotated every round (so each arm
+runs first, second and third equally often), with the waves of
+:func:`~kvstore_tiers.tools.bench.fs_bench.scheduler_cost`: about 1,000
+chunks queued at once as 16-chunk store jobs, then promoted back, every
+scheduler-side call timed. Before each wave the keys are counted once as
+sightings (untimed), so that ``reuse`` admits them and every arm stores the
+same blocks: the difference is the admission call itself. ``adaptive`` runs
+on an unbounded tier (write everything, the miniatures running beside it).
+
+Reports, per arm, the p50 and p99 of ``submit_store`` and ``submit_load``
+and their ratios to ``always`` of the same round: the geometric mean over
+rounds with a 95 % Student-t interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from kvstore_tiers.tools.bench.fs_bench import scheduler_cost
+from kvstore_tiers.tools.bench.pairing import geomean_interval
+
+ARMS = ("always", "reuse", "adaptive")
+METHODS = ("submit_store", "submit_load")
+
+
+def _count_sightings(tier: Any, keys: list[bytes]) -> None:
+    policy = tier._admission
+    if policy is not None:
+        policy.seen(keys)
+
+
+def measure(arm: str, directory: Path, chunk: int, in_flight: int, waves: int,
+            extra: dict[str, Any]) -> dict[str, dict[str, float]]:
+    root = Path(tempfile.mkdtemp(prefix=f"bench-admission-{arm}-", dir=directory))
+    try:
+        return scheduler_cost("kvstore", root, chunk, 16, in_flight, waves=waves,
+                              tier_extra={"admission": arm, **extra},
+                              before_wave=_count_sightings)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(directory: Path, rounds: int, chunk: int, in_flight: int, waves: int,
+        extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    results: dict[str, list[dict[str, dict[str, float]]]] = {a: [] for a in ARMS}
+    for r in range(rounds):
+        order = ARMS[r % 3:] + ARMS[:r % 3]
+        for arm in order:
+            results[arm].append(measure(arm, directory, chunk, in_flight, waves,
+                                        extra if arm != "always" else {}))
+        print(f"round {r + 1}/{rounds} ({', '.join(order)}): " + "; ".join(
+            f"{a} store p50/p99 {results[a][-1]['submit_store']['p50_us']:.1f}/"
+            f"{results[a][-1]['submit_store']['p99_us']:.1f} us" for a in ARMS), flush=True)
+    summary: dict[str, Any] = {}
+    for method in METHODS:
+        for q in ("p50_us", "p99_us"):
+            base = [res[method][q] for res in results["always"]]
+            for arm in ARMS:
+                vals = [res[method][q] for res in results[arm]]
+                entry = summary.setdefault(method, {}).setdefault(arm, {})
+                entry[q] = sorted(vals)[len(vals) // 2]
+                if arm != "always":
+                    ratio, lo, hi = geomean_interval([v / b for v, b in zip(vals, base,
+                                                                            strict=True)])
+                    entry[q.replace("_us", "_ratio")] = [round(ratio, 3), round(lo, 3),
+                                                         round(hi, 3)]
+    return {"rounds": rounds, "chunk": chunk, "in_flight": in_flight, "waves": waves,
+            "extra": extra or {},
+            "summary": summary, "raw": results}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--chunk-kib", type=int, default=16)
+    ap.add_argument("--in-flight", type=int, default=1024)
+    ap.add_argument("--waves", type=int, default=16)
+    ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
+    ap.add_argument("--sketch-width", type=int, help="admission_sketch_width of the "
+                    "reuse and adaptive arms (default: the tier's default)")
+    ap.add_argument("--json", type=Path, help="write the full result here")
+    args = ap.parse_args(argv)
+    extra = {"admission_sketch_width": args.sketch_width} if args.sketch_width else {}
+    out = run(args.dir, args.rounds, args.chunk_kib * 1024, args.in_flight, args.waves, extra)
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    print(json.dumps(out["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
