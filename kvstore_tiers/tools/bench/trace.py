@@ -76,6 +76,10 @@ _GROUP = (0).to_bytes(4, "big")
 #: so it would skip most cascades, for a reason a real chunk would not have.
 REMOTE_BACKPRESSURE = {"backpressure_cls": "EMABackpressureDetector",
                        "high_water_s": 1e6, "low_water_s": 1e6}
+#: Every tier of the replay: no bound on the store bytes in flight. Its default
+#: is half the primary, sized for an engine's CPU tier of gigabytes; against the
+#: replay's primary of a few requests it would drop stores the bench must count.
+TIER_KEYS = {"max_store_bytes_in_flight": 0}
 #: The fs tier's (high, low) watermarks in the replay. Each eviction round
 #: re-counts the whole namespace directory (4,096 shard directories): with the
 #: default band (0.95-0.85) a 2 % capacity takes ~650 rounds per 3,000
@@ -349,6 +353,8 @@ def _row(tier: str, policy: str, percent: float, capacity: int, stats: ReplaySta
     written = int(counters.get("objects_stored", 0))
     served = stats.tier_tokens_hit
     raw_read = int(counters.get("raw_bytes_read", 0))
+    dropped = int(counters.get("stores_dropped", 0)) + int(
+        counters.get("stores_dropped_backpressure", 0))
     skipped_admission = sum(int(v) for k, v in counters.items()
                             if k.startswith(("admission_", "stores_not_admitted")))
     row: dict[str, Any] = {
@@ -367,10 +373,9 @@ def _row(tier: str, policy: str, percent: float, capacity: int, stats: ReplaySta
         "stale_hits": int(counters.get("load_misses", 0)),
         "skipped_present": int(counters.get("objects_skipped", 0)),
         "skipped_admission": skipped_admission,
-        "stores_dropped": int(counters.get("stores_dropped", 0)),
+        "stores_dropped": dropped,
         "not_cascaded": stats.blocks_cascaded - written - int(counters.get("objects_skipped", 0))
-        - int(counters.get("stores_dropped", 0)) - int(counters.get("store_failures", 0))
-        - skipped_admission,
+        - dropped - int(counters.get("store_failures", 0)) - skipped_admission,
         "load_gbps": (raw_read / stats.load_wait_s / 1e9) if stats.load_wait_s else None,
         "counters": counters,
         "reference": ref.as_dict() if ref is not None else None,
@@ -417,7 +422,7 @@ def run(plan: TracePlan, requests: Sequence[TraceRequest],
                     # of the room max_bytes leaves beside the shard directories):
                     # sized so that their middle holds `cap` blocks.
                     high, low = FS_WATERMARKS
-                    cfg = {"type": "fs", "root_dir": str(root),
+                    cfg = {"type": "fs", "root_dir": str(root), **TIER_KEYS,
                            "high_watermark": high, "low_watermark": low,
                            "max_bytes": overhead + int(cap * per_obj / ((high + low) / 2)),
                            **policy_keys(policy, plan.min_sightings), **plan.extra_tier_keys}
@@ -439,7 +444,7 @@ def run(plan: TracePlan, requests: Sequence[TraceRequest],
                         client.config_resetstat()
                         maxmemory = int(client.info("memory")["used_memory"]) + cap * per_key
                         client.config_set("maxmemory", maxmemory)
-                        cfg = {"type": "redis", "url": url,
+                        cfg = {"type": "redis", "url": url, **TIER_KEYS,
                                "backpressure": dict(REMOTE_BACKPRESSURE),
                                **policy_keys(policy, plan.min_sightings),
                                **plan.extra_tier_keys}
@@ -489,7 +494,7 @@ def _s3_rows(out: list[dict[str, Any]], plan: TracePlan, requests: Sequence[Trac
         for policy in plan.policies:
             bucket = f"kvtrace-{uuid.uuid4().hex[:12]}"
             admin.create_bucket(Bucket=bucket)
-            cfg = {"type": "s3", "bucket": bucket, "endpoint_url": endpoint,
+            cfg = {"type": "s3", "bucket": bucket, "endpoint_url": endpoint, **TIER_KEYS,
                    "region": "us-east-1", **FAKE_KEYS,
                    "backpressure": dict(REMOTE_BACKPRESSURE),
                    **policy_keys(policy, plan.min_sightings), **plan.extra_tier_keys}
