@@ -188,12 +188,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
     plan = BenchPlan.quick() if quick else BenchPlan()
     plan.tiers = tuple(dict.fromkeys(tiers))
     plan.directory = directory
-    if samples_dir is not None or samples.from_env() is not None:
-        try:
-            plan.samples_dir = samples.resolve(samples_dir)
-        except samples.SamplesNotFound as exc:
-            raise click.BadParameter(f"{exc} (--samples or ${samples.ENV})",
-                                     param_hint="--samples") from None
+    plan.samples_dir = _samples_dir(samples_dir)
     plan.redis_url = redis_url
     plan.s3_bucket, plan.s3_endpoint = s3_bucket, s3_endpoint
     plan.s3_prefix, plan.s3_region = s3_prefix, s3_region
@@ -230,6 +225,20 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
     console.print(f"took {result['seconds']:.0f} s")
 
 
+def _samples_dir(given: Path | None) -> Path | None:
+    """The real KV samples directory (``--samples``, else $KVSTORE_KV_SAMPLES), or None
+    when neither names one; a usage error naming ``--samples`` when it holds none."""
+    from kvstore_tiers.tools import samples
+
+    if given is None and samples.from_env() is None:
+        return None
+    try:
+        return samples.resolve(given)
+    except samples.SamplesNotFound as exc:
+        raise click.BadParameter(f"{exc} (--samples or ${samples.ENV})",
+                                 param_hint="--samples") from None
+
+
 def _flags(names: list[str]) -> str:
     """The command-line spelling of the options named ``names`` (their parameter names)."""
     spelled = {p.name: p.opts[0] for p in click.get_current_context().command.params}
@@ -243,7 +252,6 @@ def _trace(trace_path: Path, tiers: tuple[str, ...], policies: tuple[str, ...],
     """``--trace``: the write-economics replay; trace.json, the table and the plot."""
     from rich.console import Console
 
-    from kvstore_tiers.tools import samples
     from kvstore_tiers.tools.bench import trace, trace_file
     from kvstore_tiers.tools.bench.runner import code_info, machine_info, write_json
     from kvstore_tiers.tools.bench.tables import trace_table
@@ -257,12 +265,7 @@ def _trace(trace_path: Path, tiers: tuple[str, ...], policies: tuple[str, ...],
         plan.capacities = plan.redis_capacities = tuple(sorted(set(capacities)))
     if chunk_kib:
         plan.chunk_kib = chunk_kib[0]
-    if samples_dir is not None or samples.from_env() is not None:
-        try:
-            plan.samples_dir = samples.resolve(samples_dir)
-        except samples.SamplesNotFound as exc:
-            raise click.BadParameter(f"{exc} (--samples or ${samples.ENV})",
-                                     param_hint="--samples") from None
+    plan.samples_dir = _samples_dir(samples_dir)
     try:
         requests = trace_file.load(trace_path, n_requests)
     except trace_file.TraceError as exc:
