@@ -6,6 +6,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -23,7 +24,8 @@ from kvstore_tiers.cli._common import require_extra
               help="The short run: 256 KiB and 2 MiB, one round, fewer chunks (fs alone: "
               "about 8 minutes on a busy 2-core VM).")
 @click.option("--chunk-kib", "chunk_kib", type=click.IntRange(4), multiple=True,
-              help="Chunk sizes in KiB (repeatable; default 256, 2048, 8192).")
+              help="Chunk sizes in KiB (repeatable; default 256, 2048, 8192; --trace: one "
+              "size, default 32).")
 @click.option("--total-mib", type=click.IntRange(4), default=None,
               help="Data per round and chunk size (default 64, quick 32); a window "
               "moves at least 256 chunks (up to 1 GiB) whatever this says.")
@@ -80,12 +82,34 @@ from kvstore_tiers.cli._common import require_extra
 @click.option("--single-process/--multi-process", "single_process", default=None,
               help="--engine: vLLM's engine core inside each phase process (default; "
               "~20 s less start-up per engine) or in its own process as `vllm serve` runs it.")
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False, exists=True,
+                                                     path_type=Path), default=None,
+              help="Write economics: replay this request trace (Mooncake JSONL, prefix-block "
+              "ids per 512 tokens) through vLLM's tiering manager with each --tier at each "
+              "--capacity and --policy, beside a plain LRU replay (docs/write-economics.md).")
+@click.option("--policy", "policies", type=click.Choice(["always", "reuse", "adaptive"]),
+              multiple=True, help="--trace: the tier's store admission policies to compare "
+              "(repeatable; default always).")
+@click.option("--capacity", "capacities", type=click.FloatRange(0, 100, min_open=True),
+              multiple=True, help="--trace: fs and redis capacities in % of the replayed "
+              "requests' distinct blocks (repeatable; default fs 2 5 10 20 50 100, "
+              "redis 5 20 100; s3 has none and runs at 100).")
+@click.option("--requests", "n_requests", type=click.IntRange(1), default=None,
+              help="--trace: replay only the first N requests (default all).")
+@click.option("--primary-blocks", type=click.IntRange(8), default=None,
+              help="--trace: rows of vLLM's CPU primary tier (default: the longest "
+              "request's blocks + 32, so the tier is what is measured).")
+@click.option("--min-sightings", type=click.IntRange(2, 15), default=2, show_default=True,
+              help="--trace: the reuse policy's admission_min_sightings (and the "
+              "reference's write-on-Nth-sight).")
 def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           total_mib: int | None, rounds: int | None, reload_rounds: int, directory: Path,
           samples_dir: Path | None, redis_url: str | None, s3_bucket: str | None,
           s3_endpoint: str | None, s3_prefix: str, s3_region: str | None, out_dir: Path,
           no_plots: bool, compare_dir: Path | None, engine: bool, pairs: int | None,
-          backpressure: bool, model: str | None, single_process: bool | None) -> None:
+          backpressure: bool, model: str | None, single_process: bool | None,
+          trace_path: Path | None, policies: tuple[str, ...], capacities: tuple[float, ...],
+          n_requests: int | None, primary_blocks: int | None, min_sightings: int) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
@@ -103,6 +127,8 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
       kvstore-tiers bench --chunk-kib 2048 --reload-rounds 40
       kvstore-tiers bench --engine --pairs 6
       kvstore-tiers bench --backpressure
+      kvstore-tiers bench --trace mooncake-conversation.jsonl --requests 3000 \\
+          --policy always --policy reuse --tier fs --tier redis --samples DIR
     """
     require_extra("vllm", "torch")
     from rich.console import Console
@@ -112,6 +138,24 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         _compare(compare_dir)
         return
     ctx = click.get_current_context()
+    trace_only = ("policies", "capacities", "n_requests", "primary_blocks", "min_sightings")
+    given = [n for n in trace_only
+             if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+    if trace_path is not None:
+        given = [n for n in ("quick", "total_mib", "rounds", "reload_rounds", "redis_url",
+                             "s3_bucket", "s3_endpoint", "s3_prefix", "s3_region", "engine",
+                             "backpressure", "pairs", "model", "single_process")
+                 if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--trace runs its own servers and workload; drop "
+                                   f"{_flags(given)}")
+        if len(chunk_kib) > 1:
+            raise click.UsageError("--trace takes one --chunk-kib")
+        _trace(trace_path, tiers, policies, capacities, n_requests, primary_blocks,
+               min_sightings, chunk_kib, directory, samples_dir, out_dir, no_plots)
+        return
+    if given:
+        raise click.UsageError(f"{_flags(given)} only apply to --trace")
     engine_only = ("pairs", "model", "single_process")
     if engine:
         given = [n for n in ("tiers", "quick", "chunk_kib", "total_mib", "rounds",
@@ -144,12 +188,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
     plan = BenchPlan.quick() if quick else BenchPlan()
     plan.tiers = tuple(dict.fromkeys(tiers))
     plan.directory = directory
-    if samples_dir is not None or samples.from_env() is not None:
-        try:
-            plan.samples_dir = samples.resolve(samples_dir)
-        except samples.SamplesNotFound as exc:
-            raise click.BadParameter(f"{exc} (--samples or ${samples.ENV})",
-                                     param_hint="--samples") from None
+    plan.samples_dir = _samples_dir(samples_dir)
     plan.redis_url = redis_url
     plan.s3_bucket, plan.s3_endpoint = s3_bucket, s3_endpoint
     plan.s3_prefix, plan.s3_region = s3_prefix, s3_region
@@ -186,8 +225,73 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
     console.print(f"took {result['seconds']:.0f} s")
 
 
+def _samples_dir(given: Path | None) -> Path | None:
+    """The real KV samples directory (``--samples``, else $KVSTORE_KV_SAMPLES), or None
+    when neither names one; a usage error naming ``--samples`` when it holds none."""
+    from kvstore_tiers.tools import samples
+
+    if given is None and samples.from_env() is None:
+        return None
+    try:
+        return samples.resolve(given)
+    except samples.SamplesNotFound as exc:
+        raise click.BadParameter(f"{exc} (--samples or ${samples.ENV})",
+                                 param_hint="--samples") from None
+
+
 def _flags(names: list[str]) -> str:
-    return ", ".join("--" + n.replace("_", "-") for n in names)
+    """The command-line spelling of the options named ``names`` (their parameter names)."""
+    spelled = {p.name: p.opts[0] for p in click.get_current_context().command.params}
+    return ", ".join(spelled.get(n) or "--" + n.replace("_", "-") for n in names)
+
+
+def _trace(trace_path: Path, tiers: tuple[str, ...], policies: tuple[str, ...],
+           capacities: tuple[float, ...], n_requests: int | None, primary_blocks: int | None,
+           min_sightings: int, chunk_kib: tuple[int, ...], directory: Path,
+           samples_dir: Path | None, out_dir: Path, no_plots: bool) -> None:
+    """``--trace``: the write-economics replay; trace.json, the table and the plot."""
+    from rich.console import Console
+
+    from kvstore_tiers.tools.bench import trace, trace_file
+    from kvstore_tiers.tools.bench.runner import code_info, machine_info, write_json
+    from kvstore_tiers.tools.bench.tables import trace_table
+
+    plan = trace.TracePlan(trace=trace_path, requests=n_requests,
+                           tiers=tuple(dict.fromkeys(tiers)),
+                           policies=tuple(dict.fromkeys(policies)) or ("always",),
+                           primary_blocks=primary_blocks, directory=directory,
+                           min_sightings=min_sightings)
+    if capacities:
+        plan.capacities = plan.redis_capacities = tuple(sorted(set(capacities)))
+    if chunk_kib:
+        plan.chunk_kib = chunk_kib[0]
+    plan.samples_dir = _samples_dir(samples_dir)
+    try:
+        requests = trace_file.load(trace_path, n_requests)
+    except trace_file.TraceError as exc:
+        raise click.BadParameter(str(exc), param_hint="--trace") from None
+    if not requests:
+        raise click.BadParameter(f"{trace_path} holds no request", param_hint="--trace")
+    console = Console() if sys.stdout.isatty() else Console(width=220)
+    result: dict[str, Any] = {"machine": machine_info(), "code": code_info(),
+                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    t0 = time.time()
+
+    def partial(so_far: dict[str, Any]) -> None:
+        write_json({**result, "trace": so_far, "complete": False}, out_dir / "trace.json")
+
+    result["trace"] = trace.run(
+        plan, requests, lambda msg: console.print(f"[{time.time() - t0:5.0f} s] {msg}"),
+        partial)
+    result["seconds"] = time.time() - t0
+    result["complete"] = True
+    console.print(trace_table(result["trace"]))
+    console.print(f"result: {write_json(result, out_dir / 'trace.json')}")
+    if not no_plots:
+        from kvstore_tiers.tools.bench.plots import plot_trace
+
+        console.print(f"plot: {plot_trace(result['trace'], out_dir / 'trace.png')}")
+    console.print(f"took {result['seconds']:.0f} s")
 
 
 def _backpressure(directory: Path, out_dir: Path, pairs: int | None, rounds: int | None

@@ -123,3 +123,38 @@ def plot_all(result: dict[str, Any], out_dir: Path, prefix: str = "bench") -> li
             written.append(plot_compression(fs["compression"],
                                             out_dir / f"{prefix}-compression.png"))
     return written
+
+
+def plot_trace(trace: dict[str, Any], path: Path) -> Path:
+    """Hit rate and bytes written against capacity, one line per (tier, policy);
+    the plain LRU reference dashed."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    rows = trace["rows"]
+    for tier, policy in dict.fromkeys((r["tier"], r["policy"]) for r in rows):
+        sub = sorted((r for r in rows if r["tier"] == tier and r["policy"] == policy),
+                     key=lambda r: r["capacity_percent"])
+        x = [r["capacity_percent"] for r in sub]
+        line = axes[0].plot(x, [r["block_hit_rate"] for r in sub], "o-",
+                            label=f"{tier} {policy}")[0]
+        axes[1].plot(x, [r["bytes_written"] / 2**30 for r in sub], "o-",
+                     color=line.get_color(), label=f"{tier} {policy}")
+        refs = [r["reference"] for r in sub]
+        if tier == "fs" and all(refs):
+            axes[0].plot(x, [f["block_hit_rate"] for f in refs], "--", color=line.get_color(),
+                         alpha=0.5, label=f"plain LRU {policy}")
+            axes[1].plot(x, [f["blocks_written"] * trace["chunk_bytes"] / 2**30 for f in refs],
+                         "--", color=line.get_color(), alpha=0.5)
+    axes[0].set_ylabel("hit rate (blocks served / blocks requested)")
+    axes[1].set_ylabel(f"GiB written ({trace['chunk_bytes'] // KiB} KiB chunks)")
+    for ax in axes:
+        ax.set_xscale("log")
+        ax.set_xlabel("capacity, % of the distinct blocks")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"write economics: {trace['requests']:,} requests of "
+                 f"{Path(trace['trace']).name}, vLLM's tiering manager")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -268,3 +268,33 @@ def engine_tables(engine: dict[str, Any]) -> list[Any]:
             f.add_row(str(item["pair"] + 1), item["arm"], "; ".join(item["reasons"]))
         out.append(f)
     return out
+
+
+def trace_table(trace: dict[str, Any]) -> Any:
+    """One row per (tier, policy, capacity) of a ``bench --trace`` result, the plain
+    LRU reference beside the real-manager numbers."""
+    from rich.table import Table
+
+    t = Table(title=f"write economics: {trace['requests']:,} requests of {trace['trace']} "
+              f"({trace['distinct_blocks']:,} distinct blocks), chunk "
+              f"{_size(trace['chunk_bytes'])}, primary {trace['primary_blocks']} blocks; "
+              "hit rates in blocks/blocks, 'tokens' in tokens/tokens")
+    for col in ("tier", "policy", "cap %", "hit", "ref hit", "tier hit", "tier tokens",
+                "objects written", "ref written", "bytes/token served", "evictions",
+                "stale hits", "skipped (admission)", "not cascaded", "load GB/s", "s"):
+        t.add_column(col, justify="right")
+    for r in trace["rows"]:
+        ref = r.get("reference") or {}
+        bpt = r["bytes_written_per_token_served"]
+        t.add_row(r["tier"], r["policy"], f"{r['capacity_percent']:g}",
+                  f"{r['block_hit_rate']:.3f}",
+                  f"{ref['block_hit_rate']:.3f}" if ref else "-",
+                  f"{r['tier_block_hit_rate']:.3f}", f"{r['tier_token_hit_rate']:.3f}",
+                  f"{r['objects_written']:,}",
+                  f"{ref['blocks_written']:,}" if ref else "-",
+                  f"{bpt:,.0f}" if bpt is not None else "-", f"{r['evictions']:,}",
+                  f"{r['stale_hits']:,}", f"{r['skipped_admission']:,}",
+                  f"{r['not_cascaded']:,}",
+                  f"{r['load_gbps']:.3f}" if r["load_gbps"] is not None else "-",
+                  f"{r['replay']['seconds']:.0f}")
+    return t

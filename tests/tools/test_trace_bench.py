@@ -1,0 +1,230 @@
+"""``bench --trace``: the trace loader, the plain LRU reference, and the replay of the
+real Mooncake trace through vLLM's real tiering manager with real fs and redis tiers."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from kvstore_tiers.tools.bench import trace_reference
+from kvstore_tiers.tools.bench.trace_file import TraceError, TraceRequest, distinct_blocks, load
+
+#: The Mooncake traces: $KVSTORE_TRACES, else ``shared/data/traces`` beside the checkout.
+TRACES = Path(os.environ.get("KVSTORE_TRACES") or
+              Path(__file__).resolve().parents[2].parent / "shared/data/traces")
+CONVERSATION = TRACES / "mooncake-conversation.jsonl"
+needs_trace = pytest.mark.skipif(not CONVERSATION.exists(),
+                                 reason=f"the Mooncake trace is not at {CONVERSATION}")
+
+
+def _req(ids: list[int], tokens: int | None = None) -> TraceRequest:
+    return TraceRequest(0, tokens if tokens is not None else 512 * len(ids), 0, tuple(ids))
+
+
+# A hand-made trace whose LRU replay is worked out in the comments of the tests below.
+TINY = [_req([1, 2, 3]), _req([1, 2, 4]), _req([1, 5], 600), _req([1, 2, 3])]
+
+
+# -- the loader ----------------------------------------------------------------------------
+@needs_trace
+def test_loader_reads_the_real_trace_lines() -> None:
+    reqs = load(CONVERSATION, limit=5)
+    assert len(reqs) == 5
+    first = reqs[0]
+    # {"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, ..., 13]}
+    assert (first.timestamp_ms, first.input_length, first.output_length) == (0, 6758, 500)
+    assert first.hash_ids == tuple(range(14))
+    assert first.block_tokens(0) == 512
+    assert first.block_tokens(13) == 6758 - 13 * 512
+    assert sum(first.block_tokens(i) for i in range(14)) == 6758
+    assert reqs[1].hash_ids[0] == 0  # every conversation shares block 0 (the system prompt)
+
+
+@needs_trace
+def test_real_trace_has_the_chain_property() -> None:
+    """A block id always follows the same parent: its id implies its whole prefix."""
+    reqs = load(CONVERSATION)
+    assert len(reqs) == 12031
+    assert distinct_blocks(reqs) == 182790  # the README's working set
+    parent: dict[int, int | None] = {}
+    for r in reqs:
+        for i, h in enumerate(r.hash_ids):
+            p = r.hash_ids[i - 1] if i else None
+            assert parent.setdefault(h, p) == p, f"block {h} follows {p} and {parent[h]}"
+
+
+def test_loader_names_a_bad_line(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text('{"timestamp": 1, "input_length": 600, "hash_ids": [4, 5]}\n'
+                 '{"timestamp": 2, "input_length": 600}\n')
+    with pytest.raises(TraceError, match=r"t.jsonl:2: not a trace request"):
+        load(f)
+    assert load(f, limit=1) == [TraceRequest(1, 600, 0, (4, 5))]
+    f.write_text('{"input_length": 1100, "hash_ids": [4, 5]}\n')
+    with pytest.raises(TraceError, match=r":1: 2 block ids cannot hold 1100"):
+        load(f)
+
+
+# -- the plain LRU reference -----------------------------------------------------------------
+def test_reference_lru_writes_every_block_on_a_hand_made_trace() -> None:
+    r = trace_reference.replay(TINY, capacity=3, policy="always")
+    # A: 1 2 3 miss, written.  B: 1 2 hit, 4 written, 3 evicted.  C: 1 hit, 5 written,
+    # 2 evicted.  D: 1 hit, 2 and 3 written, 4 and 5 evicted.
+    assert (r.blocks_requested, r.blocks_hit, r.blocks_written, r.evictions) == (11, 4, 7, 4)
+    assert r.tokens_requested == 3 * 1536 + 600
+    assert r.tokens_hit == 1024 + 512 + 512
+
+
+def test_reference_lru_writes_on_second_sight() -> None:
+    r = trace_reference.replay(TINY, capacity=3, policy="reuse", min_sightings=2)
+    # A: nothing written.  B: 1 and 2 written (second sight), 4 not.  C: 1 hit, 5 not.
+    # D: 1 2 hit, 3 written (second sight).
+    assert (r.blocks_hit, r.blocks_written, r.evictions) == (3, 3, 0)
+    with pytest.raises(ValueError, match="adaptive"):
+        trace_reference.replay(TINY, 3, "adaptive")
+
+
+@needs_trace
+@pytest.mark.parametrize(("percent", "policy", "hit", "written"), [
+    (2, "always", 0.079, 265_797), (2, "reuse", 0.143, 64_355),
+    (20, "always", 0.345, 189_097), (100, "reuse", 0.213, 44_144)])
+def test_reference_gives_the_trace_readmes_figures(percent: float, policy: str, hit: float,
+                                                   written: int) -> None:
+    reqs = load(CONVERSATION)
+    cap = trace_reference.capacity_blocks(distinct_blocks(reqs), percent)
+    r = trace_reference.replay(reqs, cap, policy)
+    assert round(r.block_hit_rate, 3) == hit
+    assert r.blocks_written == written
+
+
+# -- the replay through vLLM's manager ----------------------------------------------------------
+pytest.importorskip("vllm")
+
+
+def _plan(tmp_path: Path, **kw):
+    from kvstore_tiers.tools.bench.trace import TracePlan
+
+    return TracePlan(trace=CONVERSATION, directory=tmp_path, chunk_kib=16, **kw)
+
+
+@needs_trace
+def test_fs_replay_of_the_real_trace_agrees_with_the_reference(tmp_path: Path) -> None:
+    from kvstore_tiers.tools.bench import trace
+
+    # 200 requests: the first whose prefixes outlive the primary (the longest request
+    # + 32 blocks), so some hits are the tier's.
+    reqs = load(CONVERSATION, limit=200)
+    distinct = distinct_blocks(reqs)
+    result = trace.run(_plan(tmp_path, capacities=(100, 50)), reqs, progress=lambda m: None)
+    full, small = result["rows"]
+    assert full["capacity_percent"] == 100 and small["capacity_percent"] == 50
+    for row in (full, small):
+        rp, c = row["replay"], row["counters"]
+        assert rp["requests"] == 200
+        assert rp["blocks_requested"] == sum(len(r.hash_ids) for r in reqs)
+        assert rp["tier_blocks_hit"] <= rp["blocks_hit"] <= rp["blocks_requested"]
+        assert rp["tokens_hit"] <= rp["tokens_requested"]
+        assert row["objects_written"] == c["objects_stored"]
+        assert c["store_failures"] == c["stores_dropped"] == 0
+        # Every block vLLM cascaded was written, or skipped as stored already.
+        assert rp["blocks_cascaded"] == c["objects_stored"] + c["objects_skipped"]
+        assert row["not_cascaded"] == 0
+    # 100 %: nothing is evicted, so the real manager serves exactly what the plain
+    # LRU serves, and writes each distinct block once.
+    ref = full["reference"]
+    assert full["evictions"] == 0 and full["stale_hits"] == 0
+    assert full["replay"]["blocks_hit"] == ref["blocks_hit"]
+    assert full["objects_written"] == ref["blocks_written"] == distinct
+    assert full["replay"]["tier_blocks_hit"] > 0
+    # 50 %: the fs evictor made room (and kept the replay's count: every block written).
+    assert small["evictions"] > 0
+    assert small["objects_written"] >= distinct
+    assert small["replay"]["blocks_hit"] <= full["replay"]["blocks_hit"]
+
+
+@needs_trace
+def test_redis_replay_with_maxmemory_evicts(tmp_path: Path) -> None:
+    pytest.importorskip("redis")
+    import shutil
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not installed")
+    from kvstore_tiers.tools.bench import trace
+
+    reqs = load(CONVERSATION, limit=60)
+    result = trace.run(_plan(tmp_path, tiers=("redis",), redis_capacities=(5, 100)), reqs,
+                       progress=lambda m: None)
+    small, full = result["rows"]
+    assert full["evictions"] == 0
+    assert full["replay"]["blocks_hit"] == full["reference"]["blocks_hit"]
+    assert full["keys_at_end"] == full["objects_written"] == distinct_blocks(reqs)
+    assert small["evictions"] > 0  # redis evicted_keys: maxmemory held
+    assert small["keys_at_end"] < full["keys_at_end"]
+    assert small["maxmemory"] < full["maxmemory"]
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+def test_cli_trace_options_are_checked() -> None:
+    from click.testing import CliRunner
+
+    from kvstore_tiers.cli import main
+
+    runner = CliRunner()
+    r = runner.invoke(main, ["bench", "--policy", "reuse"])
+    assert r.exit_code == 2 and "--policy only apply to --trace" in r.output
+    r = runner.invoke(main, ["bench", "--trace", __file__, "--quick"])
+    assert r.exit_code == 2 and "drop --quick" in r.output
+    r = runner.invoke(main, ["bench", "--trace", __file__, "--capacity", "0"])
+    assert r.exit_code == 2 and "--capacity" in r.output
+    r = runner.invoke(main, ["bench", "--trace", __file__, "--policy", "lru"])
+    assert r.exit_code == 2 and "--policy" in r.output
+    r = runner.invoke(main, ["bench", "--trace", __file__, "--chunk-kib", "16",
+                             "--chunk-kib", "32"])
+    assert r.exit_code == 2 and "one --chunk-kib" in r.output
+    r = runner.invoke(main, ["bench", "--trace", __file__])
+    assert r.exit_code == 2 and "not a trace request" in r.output
+
+
+def test_cli_trace_run_writes_the_result(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from kvstore_tiers.cli import main
+
+    f = tmp_path / "t.jsonl"
+    f.write_text("".join(json.dumps({"timestamp": i, "input_length": 512 * len(ids),
+                                     "output_length": 1, "hash_ids": ids}) + "\n"
+                         for i, ids in enumerate([[1, 2, 3], [1, 2, 4], [1, 5], [1, 2, 3]])))
+    r = CliRunner().invoke(main, ["bench", "--trace", str(f), "--requests", "3",
+                                  "--capacity", "100", "--chunk-kib", "8", "--no-plots",
+                                  "--dir", str(tmp_path / "d"), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    out = json.loads((tmp_path / "o/trace.json").read_text())["trace"]
+    assert out["requests"] == 3 and out["distinct_blocks"] == 5
+    (row,) = out["rows"]
+    assert (row["tier"], row["policy"], row["capacity_percent"]) == ("fs", "always", 100)
+    # A: 3 misses; B: 1 2 hit (from the primary or the tier), 4 written; C: 1 hit, 5 written.
+    assert row["replay"]["blocks_hit"] == 3 and row["objects_written"] == 5
+    assert out["chunk_bytes"] == 8192
+
+
+@needs_trace
+def test_reuse_admission_is_counted_through_the_real_tier(tmp_path: Path) -> None:
+    """With ``admission: reuse`` the tier declines first offers: every block vLLM
+    cascaded is written, skipped as present, or counted as not admitted."""
+    from kvstore_tiers.tools.bench import trace
+
+    reqs = load(CONVERSATION, limit=200)
+    result = trace.run(_plan(tmp_path, capacities=(100,), policies=("always", "reuse")), reqs,
+                       progress=lambda m: None)
+    always, reuse = result["rows"]
+    assert reuse["policy"] == "reuse" and reuse["skipped_admission"] > 0
+    assert always["skipped_admission"] == 0
+    assert reuse["objects_written"] < always["objects_written"]
+    c = reuse["counters"]
+    assert reuse["replay"]["blocks_cascaded"] == (
+        c["objects_stored"] + c["objects_skipped"] + reuse["skipped_admission"])
+    assert reuse["not_cascaded"] == 0
+    assert reuse["replay"]["tier_blocks_hit"] <= always["replay"]["tier_blocks_hit"]
