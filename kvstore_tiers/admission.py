@@ -164,7 +164,11 @@ class FrequencySketch:
         self._offer = _offer if native else _offer_py
         self._increment = _increment if native else _increment_py
         self._estimate = _estimate if native else _estimate_py
-        self._sample = _sample if native else _sample_py
+        #: ``sample(table, keys, mask, limit)``: the hash-sampled keys of a job,
+        #: each followed by its count (``_sketch.sample``). Public so that the
+        #: adaptive policy calls the kernel itself: one Python frame less per
+        #: job on the scheduler thread.
+        self.sample = _sample if native else _sample_py
 
     @property
     def nbytes(self) -> int:
@@ -376,7 +380,7 @@ class AdaptivePolicy:
     def admit(self, keys: list[bytes]) -> list[int] | None:
         sketch = self.sketch
         admitted = sketch.offer(keys, self.threshold if self.signal.full else 1)
-        sampled = sketch._sample(sketch.table, keys, sketch.mask, self.sample_limit)
+        sampled = sketch.sample(sketch.table, keys, sketch.mask, self.sample_limit)
         if sampled is not None:
             self._samples.append(sampled)
         if admitted is not None:
@@ -386,7 +390,7 @@ class AdaptivePolicy:
     def seen(self, keys: list[bytes]) -> None:
         sketch = self.sketch
         sketch.increment(keys)
-        sampled = sketch._sample(sketch.table, keys, sketch.mask, self.sample_limit)
+        sampled = sketch.sample(sketch.table, keys, sketch.mask, self.sample_limit)
         if sampled is not None:
             self._samples.append(sampled)
 

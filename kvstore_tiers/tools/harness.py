@@ -65,6 +65,15 @@ def make_keys(n: int, seed: int = 0, group: int = 0) -> list[bytes]:
     return [rng.bytes(32) + group.to_bytes(4, "big") for _ in range(n)]
 
 
+def rows_for(keys: Sequence[bytes], row_bytes: int) -> np.ndarray:
+    """Deterministic incompressible rows derived from the keys."""
+    out = np.empty((len(keys), row_bytes), dtype=np.uint8)
+    for i, k in enumerate(keys):
+        out[i] = np.random.default_rng(int.from_bytes(k[:8], "little")).integers(
+            0, 256, row_bytes, dtype=np.uint8)
+    return out
+
+
 @dataclass
 class Harness:
     """vLLM's TieringOffloadingManager with our tiers, driven like the scheduler."""

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 from vllm.v1.kv_offload.base import LookupResult
 
-from kvstore_tiers.tools.harness import Harness, build_harness
+from kvstore_tiers.tools.harness import Harness, build_harness, rows_for
 
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 #: A scheduler-thread call slower than this counts as a blocked engine step.
@@ -252,15 +252,6 @@ class Driver:
             names = sorted(t.name for t in threading.enumerate() if t.ident in extra)
             print(f"kvstore fault driver: threads left behind: {names}")
         return leaked + len(extra)
-
-
-def rows_for(keys: Sequence[bytes], row_bytes: int) -> np.ndarray:
-    """Deterministic incompressible rows derived from the keys."""
-    out = np.empty((len(keys), row_bytes), dtype=np.uint8)
-    for i, k in enumerate(keys):
-        out[i] = np.random.default_rng(int.from_bytes(k[:8], "little")).integers(
-            0, 256, row_bytes, dtype=np.uint8)
-    return out
 
 
 # -- object tampering through the backend's own byte API --------------------------------------

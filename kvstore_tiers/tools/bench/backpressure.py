@@ -23,8 +23,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from kvstore_tiers.backends.base import Result, StoreItem
 from kvstore_tiers.backends.fs import FileSystemBackend
 from kvstore_tiers.frame import FrameCodec
@@ -91,18 +89,10 @@ class ArmResult:
     wrong_bytes: int = 0
 
 
-def _rows(keys: Sequence[bytes], row_bytes: int) -> np.ndarray:
-    out = np.empty((len(keys), row_bytes), dtype=np.uint8)
-    for i, k in enumerate(keys):
-        out[i] = np.random.default_rng(int.from_bytes(k[:8], "little")).integers(
-            0, 256, row_bytes, dtype=np.uint8)
-    return out
-
-
 def run_arm(plan: BackpressurePlan, arm: str, order: int) -> ArmResult:
     from vllm.v1.kv_offload.base import LookupResult
 
-    from kvstore_tiers.tools.harness import build_harness, make_keys
+    from kvstore_tiers.tools.harness import build_harness, make_keys, rows_for
 
     root = plan.directory / f"{arm}-{order}"
     shutil.rmtree(root, ignore_errors=True)
@@ -119,7 +109,7 @@ def run_arm(plan: BackpressurePlan, arm: str, order: int) -> ArmResult:
         hot = make_keys(plan.rounds * plan.hot, seed=1000 + order)
         batch = plan.primary_chunks // 2
         for i in range(0, len(hot), batch):
-            h.store_all(hot[i:i + batch], _rows(hot[i:i + batch], row))
+            h.store_all(hot[i:i + batch], rows_for(hot[i:i + batch], row))
         h.forget_primary()
         THROTTLE.rate = plan.write_mib_s * 2**20
         for r in range(plan.rounds):
@@ -131,7 +121,7 @@ def run_arm(plan: BackpressurePlan, arm: str, order: int) -> ArmResult:
                     res.refused_by_primary += len(flood)
                 else:
                     stored = list(out.keys_to_store)
-                    rows = _rows(stored, row)
+                    rows = rows_for(stored, row)
                     for cid, data in zip(out.store_spec.chunk_ids, rows, strict=True):
                         h.view[int(cid)] = data
                     h.manager.complete_store(stored, writer)
@@ -144,7 +134,7 @@ def run_arm(plan: BackpressurePlan, arm: str, order: int) -> ArmResult:
             if hits:
                 loaded = h.load(hits, reader)
                 res.wrong_bytes += int(sum(a.tobytes() != b.tobytes()
-                                           for a, b in zip(loaded, _rows(hits, row),
+                                           for a, b in zip(loaded, rows_for(hits, row),
                                                            strict=True)))
                 # A round of misses takes no time here; vLLM recomputes them instead.
                 res.latency_ms.append((time.perf_counter() - t0) * 1000)
