@@ -46,7 +46,7 @@ fi
 # --- stamp: skip everything when nothing changed ---------------------------
 stamp_inputs() {
     cat "$ROOT/scripts/setup-venv.sh" "$CONSTRAINTS" "$ROOT/pyproject.toml" \
-        "$ROOT/setup.py" "$ROOT/kvstore_tiers/backends/fs/_fsio.c"
+        "$ROOT/setup.py" "$ROOT/kvstore_tiers/backends/fs/_fsio.c" "$ROOT/kvstore_tiers/_sketch.c"
     find "$ROOT/plugins" -name pyproject.toml -exec cat {} + 2>/dev/null || true
 }
 STAMP_WANT="$(stamp_inputs | sha256sum | cut -d' ' -f1)"
