@@ -10,11 +10,12 @@
  * as Caffeine's sketch): one cache miss per key instead of four, and the
  * misses of a job's keys are overlapped by prefetching them all first.
  *
- * A key is a bytes object of at least 16 bytes (vLLM's 32-byte block hash and
- * a 4-byte group index). Its block is bytes [0, 4) read little endian, its
- * counter in quarter r is bits 4r..4r+3 of bytes [4, 8), both XORed with a mix
- * of bytes [32, 36) (the group index) so that the groups of one block count
- * apart. The block hash is uniform already, so slicing it is the hash.
+ * A key is vLLM's OffloadKey: the block hash (32 bytes with sha256, 16 with
+ * xxhash) then a 4-byte group index, so at least MIN_KEY bytes. Its block is
+ * bytes [0, 4) read little endian, its counter in quarter r is bits 4r..4r+3
+ * of bytes [4, 8), both XORed with a mix of its last 4 bytes (the group
+ * index) so that the groups of one block count apart. The block hash is
+ * uniform already, so slicing it is the hash.
  *
  * Conservative update: only the key's counters equal to its minimum are
  * incremented, saturating at MAX_COUNT.
@@ -26,17 +27,18 @@
 
 #define ROWS 4
 #define MAX_COUNT 15
+/* A 16-byte block hash (xxhash) and the 4-byte group index. */
+#define MIN_KEY 20
 
 static uint32_t load_u32(const unsigned char *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
            ((uint32_t)p[3] << 24);
 }
 
-/* The key's group mix: bytes [32, 36), read as one u32, through murmur3's
+/* The key's group mix: its last 4 bytes, read as one u32, through murmur3's
  * finaliser so that every bit of it reaches the low bits. */
 static uint32_t group_of(const unsigned char *p, Py_ssize_t n) {
-    uint32_t g = 0;
-    for (Py_ssize_t i = 32; i < n && i < 36; i++) g |= (uint32_t)p[i] << (8 * (i - 32));
+    uint32_t g = load_u32(p + n - 4);
     g ^= g >> 16;
     g *= 0x85EBCA6Bu;
     g ^= g >> 13;
@@ -64,8 +66,9 @@ static int check_key(PyObject *key) {
         PyErr_SetString(PyExc_TypeError, "sketch keys must be bytes");
         return -1;
     }
-    if (PyBytes_GET_SIZE(key) < 4 * ROWS) {
-        PyErr_SetString(PyExc_ValueError, "sketch keys must be at least 16 bytes");
+    if (PyBytes_GET_SIZE(key) < MIN_KEY) {
+        PyErr_SetString(PyExc_ValueError, "sketch keys must be at least 20 bytes "
+                        "(a 16-byte block hash and a 4-byte group index)");
         return -1;
     }
     return 0;
@@ -103,7 +106,7 @@ static void prefetch(const Sketch *s, PyObject *keys) {
     Py_ssize_t n = PyList_GET_SIZE(keys);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
-        if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) < 4 * ROWS) continue;
+        if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) < MIN_KEY) continue;
         unsigned int slot[ROWS];
         __builtin_prefetch(locate(s, (const unsigned char *)PyBytes_AS_STRING(key),
                                   PyBytes_GET_SIZE(key), slot), 1);
@@ -225,8 +228,9 @@ static PyObject *estimate(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromLong(m);
 }
 
-/* sample(table, keys, mask, limit) -> None | list: the keys whose byte 31 is
- * below `limit` (a hash sample of limit in 256), each followed by its count,
+/* sample(table, keys, mask, limit) -> None | list: the keys whose last hash
+ * byte (the one before the group index) is below `limit` (a hash sample of
+ * limit in 256), each followed by its count,
  * flat: [key, count, key, count, ...]; None if there are none. */
 static PyObject *sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer buf;
@@ -242,11 +246,12 @@ static PyObject *sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t n = PyList_GET_SIZE(keys);
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *key = PyList_GET_ITEM(keys, i);
-        if (!PyBytes_Check(key) || PyBytes_GET_SIZE(key) < 32) {
-            PyErr_SetString(PyExc_ValueError, "sampled keys must be bytes of at least 32 bytes");
+        Py_ssize_t size = PyBytes_Check(key) ? PyBytes_GET_SIZE(key) : 0;
+        if (size < MIN_KEY) {
+            PyErr_SetString(PyExc_ValueError, "sampled keys must be bytes of at least 20 bytes");
             goto error;
         }
-        if (((const unsigned char *)PyBytes_AS_STRING(key))[31] >= limit) continue;
+        if (((const unsigned char *)PyBytes_AS_STRING(key))[size - 5] >= limit) continue;
         if (out == NULL && (out = PyList_New(0)) == NULL) goto error;
         PyObject *count = PyLong_FromLong(count_of(&s, key));
         if (count == NULL || PyList_Append(out, key) < 0 || PyList_Append(out, count) < 0) {

@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 #: Counters per key (one per quarter of its 64-byte block; the estimate is their minimum).
 ROWS = 4
+#: The shortest OffloadKey: a 16-byte block hash (xxhash) and a 4-byte group index.
+MIN_KEY = 20
 #: Counters saturate here (4 bits' worth; ageing halves them).
 MAX_COUNT = 15
 #: translate() table that halves every counter: the whole ageing pass in C.
@@ -54,12 +56,14 @@ def _row_slots(key: bytes, width: int) -> list[int]:
     """The table offsets of ``key``'s four counters (the C kernel's ``locate``):
     one 64-byte block chosen by hash bytes [0, 4), one counter in each of its
     16-byte quarters chosen by four bits of bytes [4, 8); both mixed with the
-    group index."""
+    group index (the key's last 4 bytes: vLLM's OffloadKey is the block hash,
+    32 bytes with sha256 or 16 with xxhash, then the group index)."""
     if not isinstance(key, bytes):
         raise TypeError("sketch keys must be bytes")
-    if len(key) < 4 * ROWS:
-        raise ValueError("sketch keys must be at least 16 bytes")
-    group = _mix32(int.from_bytes(key[32:36], "little"))
+    if len(key) < MIN_KEY:
+        raise ValueError("sketch keys must be at least 20 bytes "
+                         "(a 16-byte block hash and a 4-byte group index)")
+    group = _mix32(int.from_bytes(key[-4:], "little"))
     block = 64 * ((int.from_bytes(key[0:4], "little") ^ group) & (width // 16 - 1))
     bits = int.from_bytes(key[4:8], "little") ^ group
     return [block + 16 * r + ((bits >> (4 * r)) & 15) for r in range(ROWS)]
@@ -99,14 +103,14 @@ def _estimate_py(table: bytearray, key: bytes, mask: int) -> int:
 
 def _sample_py(table: bytearray, keys: list[bytes], mask: int, limit: int
                ) -> list[bytes | int] | None:
-    """Python twin of ``_sketch.sample``: the keys whose byte 31 is below ``limit``
-    (a hash sample of ``limit`` in 256), each followed by its count, in one flat
-    list; None if there are none."""
+    """Python twin of ``_sketch.sample``: the keys whose last hash byte (the one
+    before the group index) is below ``limit`` (a hash sample of ``limit`` in
+    256), each followed by its count, in one flat list; None if there are none."""
     out: list[bytes | int] = []
     for k in keys:
-        if not isinstance(k, bytes) or len(k) < 32:
-            raise ValueError("sampled keys must be bytes of at least 32 bytes")
-        if k[31] < limit:
+        if not isinstance(k, bytes) or len(k) < MIN_KEY:
+            raise ValueError("sampled keys must be bytes of at least 20 bytes")
+        if k[-5] < limit:
             out += (k, _estimate_py(table, k, mask))
     return out or None
 
@@ -144,12 +148,13 @@ class FrequencySketch:
     keys between two halvings, a key never seen reads as seen with
     probability at most (1 - 1/e)^4 (16 %), and far less when keys repeat.
 
-    Keys are vLLM's offload keys (a uniform 32-byte block hash, then a
-    4-byte group index): the block and the counters are slices of the hash
-    mixed with the group (:func:`_row_slots`); no hashing is needed.
+    Keys are vLLM's offload keys (a uniform block hash of 32 bytes, or 16
+    with xxhash, then a 4-byte group index): the block and the counters are
+    slices of the hash mixed with the group (:func:`_row_slots`); no hashing
+    is needed.
 
-    Written on the scheduler thread only; the adaptive policy's probe thread
-    only reads it (each C call runs under the GIL).
+    Scheduler thread only: the adaptive policy samples it there, and its
+    probe thread reads only the samples.
     """
 
     def __init__(self, width: int, period: int | None = None, native: bool = True) -> None:
@@ -339,7 +344,7 @@ class AdaptivePolicy:
 
     So the policy runs both, in miniature (W-TinyLFU's admission window and
     ghost entries in one mechanism): a hash sample of one sighting in
-    ``256 // sample_limit`` (by the key's byte 31, uniform) drives two small
+    ``256 // sample_limit`` (by the key's last hash byte, uniform) drives two small
     LRU caches of the tier's capacity in blocks scaled by the same fraction,
     one writing every block, one writing blocks whose sketch count has
     reached 2. Their hits, halved every eight capacities of sampled

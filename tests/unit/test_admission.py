@@ -43,12 +43,28 @@ def test_never_underestimates_and_rarely_overestimates(native) -> None:
     assert over < len(keys) // 100  # 2,000 keys in 16,384 counters per row
 
 
-def test_groups_of_one_block_count_apart(native) -> None:
+@pytest.mark.parametrize("hash_len", [32, 16])  # sha256, xxhash block hashes
+def test_groups_of_one_block_count_apart(native, hash_len: int) -> None:
     s = FrequencySketch(1 << 12, native=native)
     (h,) = make_keys(1)
-    a, b = h[:32] + (0).to_bytes(4, "big"), h[:32] + (1).to_bytes(4, "big")
+    a, b = h[:hash_len] + (0).to_bytes(4, "big"), h[:hash_len] + (1).to_bytes(4, "big")
     s.increment([a, a, a])
     assert s.estimate(a) == 3 and s.estimate(b) == 0
+
+
+def _xxhash_keys(n: int, seed: int) -> list[bytes]:
+    """OffloadKeys of a 16-byte block hash (``--prefix-caching-hash-algo xxhash``)."""
+    return [k[:16] + k[32:] for k in make_keys(n, seed=seed)]
+
+
+def test_adaptive_takes_keys_of_a_16_byte_hash(native) -> None:
+    counters = TierCounters()
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 12, native=native),
+                                      _signal(10**9, 10**9), counters, sample_limit=256)
+    keys = _xxhash_keys(8, seed=30)
+    policy.seen(keys[:4])
+    assert policy.admit(keys) == [0, 1, 2, 3]  # full: the gate admits the seen ones
+    assert len(policy._samples) == 2  # every key sampled, none refused
 
 
 def test_ageing_halves_every_counter_every_sample(native) -> None:
@@ -96,7 +112,7 @@ def test_the_compiled_kernel_and_its_python_twin_agree() -> None:
     assert c._offer is not p._offer
     rng = random.Random(5)
     pool = make_keys(600, seed=5) + [k[:32] + bytes([0, 0, 0, g]) for k in make_keys(20, 6)
-                                     for g in range(3)]
+                                     for g in range(3)] + _xxhash_keys(100, seed=7)
     for _ in range(400):
         keys = rng.sample(pool, rng.randint(0, 24))
         if rng.random() < 0.3:
@@ -159,7 +175,7 @@ def _signal(used: int, capacity: int | None, budget: int | None = None,
 
 
 def _sampled_keys(n: int, seed: int) -> list[bytes]:
-    """Keys every sample takes (byte 31 is 0)."""
+    """Keys every sample takes (the last hash byte is 0)."""
     return [k[:31] + b"\0" + k[32:] for k in make_keys(n, seed=seed)]
 
 
@@ -276,13 +292,14 @@ def test_the_probe_thread_refreshes_and_stops_on_close() -> None:
 
 def test_sample_and_estimate_twins_agree() -> None:
     native_mod = pytest.importorskip("kvstore_tiers._sketch")
-    keys = make_keys(500, seed=15)
+    keys = make_keys(500, seed=15) + _xxhash_keys(300, seed=16)
     s = FrequencySketch(1 << 8)
     s.increment(keys * 2 + keys[:50])
     t, m = s.table, s.mask
     flat = native_mod.sample(t, keys, m, 16)
     assert flat == admission._sample_py(t, keys, m, 16)
-    assert flat[0::2] == [k for k in keys if k[31] < 16]
+    assert flat[0::2] == [k for k in keys if k[-5] < 16]
+    assert any(len(k) == 20 for k in flat[0::2])
     assert flat[1::2] == [s.estimate(k) for k in flat[0::2]]
     assert native_mod.sample(t, keys[:3], m, 0) is None
     assert admission._sample_py(t, keys[:3], m, 0) is None
