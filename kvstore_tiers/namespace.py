@@ -235,15 +235,18 @@ def current_engine_config() -> Any | None:
         return current
     in_engine = False
     frame = sys._getframe(1)
-    for _ in range(_MAX_FRAMES):
-        if frame is None:
-            break
-        candidate = frame.f_locals.get("vllm_config")
-        if isinstance(candidate, VllmConfig):
-            return candidate
+    depth = 0
+    # The config is looked for in the nearest frames only; the engine's
+    # modules anywhere on the stack, so that a deeper build fails closed.
+    while frame is not None:
+        if depth < _MAX_FRAMES:
+            candidate = frame.f_locals.get("vllm_config")
+            if isinstance(candidate, VllmConfig):
+                return candidate
         in_engine = in_engine or str(frame.f_globals.get("__name__", "")).startswith(
             _ENGINE_MODULES)
         frame = frame.f_back
+        depth += 1
     if in_engine:
         raise EngineConfigUnreadable("vLLM's engine is building this tier, but its "
                                      "configuration was not found on the call stack")

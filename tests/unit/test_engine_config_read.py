@@ -87,3 +87,11 @@ def test_an_unreadable_engine_config_makes_the_namespace_private() -> None:
     assert current_engine_config() is None
     assert Namespace.from_offloading_spec(_spec()).digest == \
         Namespace.from_offloading_spec(_spec()).digest
+
+
+def test_an_engine_frame_far_down_the_stack_still_fails_closed() -> None:
+    def deep(n: int) -> Any:
+        return current_engine_config() if n == 0 else deep(n - 1)
+
+    with pytest.raises(EngineConfigUnreadable):
+        _as_vllm_engine(lambda: deep(100))  # the engine's frame past the config search
