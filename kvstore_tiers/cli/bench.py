@@ -310,9 +310,12 @@ def _backpressure(directory: Path, out_dir: Path, pairs: int | None, rounds: int
     write_json(doc, out_dir / "bench.json")
     click.echo(f"{'arm':<10} {'hits':>6} {'p50 ms':>8} {'p99 ms':>8} {'refused':>8} "
                f"{'stored':>7} {'dropped':>8}")
+    def ms(v: float | None) -> str:
+        return f"{v:>8.1f}" if v is not None else f"{'-':>8}"
+
     for arm, s in doc["summary"].items():
-        click.echo(f"{arm:<10} {s['hit_share']:>6.0%} {s['latency_p50_ms']:>8.1f} "
-                   f"{s['latency_p99_ms']:>8.1f} {s['refused_by_primary']:>8d} "
+        click.echo(f"{arm:<10} {s['hit_share']:>6.0%} {ms(s['latency_p50_ms'])} "
+                   f"{ms(s['latency_p99_ms'])} {s['refused_by_primary']:>8d} "
                    f"{s['stored']:>7d} {s['dropped_backpressure']:>8d}")
     click.echo(f"wrote {out_dir / 'bench.json'}")
 

@@ -167,17 +167,17 @@ def run(plan: BackpressurePlan, progress: Callable[[str], None] | None = None
     return results
 
 
-def summarise(results: Sequence[ArmResult]) -> dict[str, dict[str, float]]:
+def summarise(results: Sequence[ArmResult]) -> dict[str, dict[str, float | None]]:
     """Per arm: reader latency p50/p99 over the rounds with hits, hit share, primary refusals."""
     out: dict[str, dict[str, float]] = {}
     for arm in ("bounded", "unbounded"):
         rs = [r for r in results if r.arm == arm]
-        lat = sorted(x for r in rs for x in r.latency_ms)
-        if not lat:
+        if not rs:
             continue
+        lat = sorted(x for r in rs for x in r.latency_ms)  # empty: no round had a hit
         out[arm] = {
-            "latency_p50_ms": statistics.median(lat),
-            "latency_p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))],
+            "latency_p50_ms": statistics.median(lat) if lat else None,
+            "latency_p99_ms": lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else None,
             "hit_share": sum(r.hits for r in rs) / max(1, sum(r.asked for r in rs)),
             "refused_by_primary": sum(r.refused_by_primary for r in rs),
             "stored": sum(r.stored for r in rs),
