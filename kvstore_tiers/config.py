@@ -86,9 +86,11 @@ class TierConfig(BaseModel):
     )
     admission_capacity_bytes: int | None = Field(
         None, ge=1 << 20, le=1 << 60, description="adaptive: the tier's capacity in bytes, "
-        "where the backend cannot tell (s3; redis without maxmemory; fs without max_bytes) "
-        "or to use less. Bytes used are then the backend's count (fs, redis) or the bytes "
-        "this process wrote (s3). Unset and unknown: unbounded, adaptive writes everything.",
+        "where the backend cannot tell (s3; redis without maxmemory; fs without max_bytes), "
+        "or in place of the backend's. Bytes used: the backend's count where it has a limit "
+        "(fs max_bytes, redis maxmemory), else the bytes this process wrote, which only grow "
+        "(objects expired by ttl_s or a lifecycle rule still count). Unset and unknown: "
+        "unbounded, adaptive writes everything.",
     )
     enable_kv_events: bool = Field(
         False, description="Emit BlockStored events (needs KV events enabled globally)."
