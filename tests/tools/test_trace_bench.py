@@ -3,6 +3,7 @@ real Mooncake trace through vLLM's real tiering manager with real fs and redis t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -101,7 +102,8 @@ def test_reference_gives_the_trace_readmes_figures(percent: float, policy: str, 
 
 
 # -- the replay through vLLM's manager ----------------------------------------------------------
-pytest.importorskip("vllm")
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="needs vLLM")
 
 
 def _plan(tmp_path: Path, **kw):
@@ -110,6 +112,7 @@ def _plan(tmp_path: Path, **kw):
     return TracePlan(trace=CONVERSATION, directory=tmp_path, chunk_kib=16, **kw)
 
 
+@needs_vllm
 @needs_trace
 def test_fs_replay_of_the_real_trace_agrees_with_the_reference(tmp_path: Path) -> None:
     from kvstore_tiers.tools.bench import trace
@@ -145,6 +148,7 @@ def test_fs_replay_of_the_real_trace_agrees_with_the_reference(tmp_path: Path) -
     assert small["replay"]["blocks_hit"] <= full["replay"]["blocks_hit"]
 
 
+@needs_vllm
 @needs_trace
 def test_redis_replay_with_maxmemory_evicts(tmp_path: Path) -> None:
     pytest.importorskip("redis")
@@ -167,6 +171,7 @@ def test_redis_replay_with_maxmemory_evicts(tmp_path: Path) -> None:
 
 
 # -- the CLI ---------------------------------------------------------------------------------
+@needs_vllm
 def test_cli_trace_options_are_checked() -> None:
     from click.testing import CliRunner
 
@@ -188,6 +193,7 @@ def test_cli_trace_options_are_checked() -> None:
     assert r.exit_code == 2 and "not a trace request" in r.output
 
 
+@needs_vllm
 def test_cli_trace_run_writes_the_result(tmp_path: Path) -> None:
     from click.testing import CliRunner
 
@@ -210,6 +216,7 @@ def test_cli_trace_run_writes_the_result(tmp_path: Path) -> None:
     assert out["chunk_bytes"] == 8192
 
 
+@needs_vllm
 @needs_trace
 def test_reuse_admission_is_counted_through_the_real_tier(tmp_path: Path) -> None:
     """With ``admission: reuse`` the tier declines first offers: every block vLLM

@@ -285,9 +285,7 @@ def test_the_probe_thread_refreshes_and_stops_on_close() -> None:
     probe._stop.wait(0.2)  # let it run a few rounds (no assertion on how many)
     policy.close()
     assert not probe._thread.is_alive() and readings
-    n = len(readings)
-    policy.close()
-    assert len(readings) == n
+    policy.close()  # a second close is a no-op
 
 
 def test_sample_and_estimate_twins_agree() -> None:

@@ -356,7 +356,7 @@ def _row(tier: str, policy: str, percent: float, capacity: int, stats: ReplaySta
     dropped = int(counters.get("stores_dropped", 0)) + int(
         counters.get("stores_dropped_backpressure", 0))
     skipped_admission = sum(int(v) for k, v in counters.items()
-                            if k.startswith(("admission_", "stores_not_admitted")))
+                            if k.startswith("stores_not_admitted"))
     row: dict[str, Any] = {
         "tier": tier, "policy": policy, "capacity_percent": percent,
         "capacity_blocks": capacity, "replay": dataclasses.asdict(stats),
