@@ -141,7 +141,12 @@ def window_chunks(chunk: int, total_bytes: int) -> int:
 
 
 def _tier_cfg(kind: str, root: Path, **extra: Any) -> dict[str, Any]:
-    return {"type": TIERS[kind], "root_dir": str(root), **extra}
+    cfg = {"type": TIERS[kind], "root_dir": str(root), **extra}
+    if kind == "kvstore":
+        # A throughput round cascades a whole primary's worth at once; every
+        # chunk must be written, as vLLM's tier (no such bound) writes them.
+        cfg.setdefault("max_store_bytes_in_flight", 0)
+    return cfg
 
 
 def _settle(h: Harness) -> None:
