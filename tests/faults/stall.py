@@ -11,7 +11,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from kvstore_tiers.backends.base import LoadItem, StoreItem
+from kvstore_tiers.backends.base import LoadItem, Result, StoreItem
 from kvstore_tiers.backends.fs import FileSystemBackend
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.tier import KVStoreTier
@@ -29,19 +29,20 @@ class StallFsBackend(FileSystemBackend):
     #: Set when a store is stuck at its gate.
     store_stalled = threading.Event()
 
-    def store_many(self, items: Sequence[StoreItem], codec: FrameCodec
-                   ) -> list[BaseException | bool]:
-        if not self.store_gate.is_set():
-            self.store_stalled.set()
-            self.store_gate.wait(30)
+    def store_many(self, items: Sequence[StoreItem], codec: FrameCodec) -> list[Result]:
+        _pass(self.store_gate, self.store_stalled)
         return super().store_many(items, codec)
 
-    def load_many(self, items: Sequence[LoadItem], codec: FrameCodec
-                  ) -> list[BaseException | None]:
-        if not self.gate.is_set():
-            self.stalled.set()
-            self.gate.wait(30)
+    def load_many(self, items: Sequence[LoadItem], codec: FrameCodec) -> list[Result]:
+        _pass(self.gate, self.stalled)
         return super().load_many(items, codec)
+
+
+def _pass(gate: threading.Event, stalled: threading.Event) -> None:
+    """Wait at ``gate`` (30 s at most), setting ``stalled`` if it is closed."""
+    if not gate.is_set():
+        stalled.set()
+        gate.wait(30)
 
 
 StallFsBackend.gate.set()
