@@ -149,18 +149,27 @@ static int parse(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, Py_bu
     return parse_table(args[0], args[2], buf, s);
 }
 
+/* parse() for the calls (table, keys, mask, n) whose fourth argument is an
+ * int, read into `value`; the buffer is released if that fails. */
+static int parse_with_long(PyObject *const *args, Py_ssize_t nargs, Py_buffer *buf,
+                           Sketch *s, long *value) {
+    if (parse(args, nargs, 4, buf, s) < 0) return -1;
+    *value = PyLong_AsLong(args[3]);
+    if (*value == -1 && PyErr_Occurred()) {
+        PyBuffer_Release(buf);
+        return -1;
+    }
+    return 0;
+}
+
 /* offer(table, keys, mask, threshold) -> None | list[int]
  * Count one sighting of every key; None if every key's count reached
  * `threshold`, else the indices (ascending) of those that did. */
 static PyObject *offer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer buf;
     Sketch s;
-    if (parse(args, nargs, 4, &buf, &s) < 0) return NULL;
-    long threshold = PyLong_AsLong(args[3]);
-    if (threshold == -1 && PyErr_Occurred()) {
-        PyBuffer_Release(&buf);
-        return NULL;
-    }
+    long threshold;
+    if (parse_with_long(args, nargs, &buf, &s, &threshold) < 0) return NULL;
     PyObject *keys = args[1];
     Py_ssize_t n = PyList_GET_SIZE(keys);
     PyObject *admitted = NULL; /* made at the first key that falls short */
@@ -235,12 +244,8 @@ static PyObject *estimate(PyObject *self, PyObject *const *args, Py_ssize_t narg
 static PyObject *sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer buf;
     Sketch s;
-    if (parse(args, nargs, 4, &buf, &s) < 0) return NULL;
-    long limit = PyLong_AsLong(args[3]);
-    if (limit == -1 && PyErr_Occurred()) {
-        PyBuffer_Release(&buf);
-        return NULL;
-    }
+    long limit;
+    if (parse_with_long(args, nargs, &buf, &s, &limit) < 0) return NULL;
     PyObject *keys = args[1];
     PyObject *out = NULL;
     Py_ssize_t n = PyList_GET_SIZE(keys);
