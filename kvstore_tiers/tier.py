@@ -418,7 +418,7 @@ class KVStoreTier(SecondaryTierManager):
             )
             self._fail_now(tj.job_id, tj, is_load)
         elif not is_load:
-            self._store_bytes_in_flight += len(keys) * self._block_size_bytes
+            self._store_bytes_in_flight += nbytes
 
     def _drop_present(self, keys: Sequence[bytes], cids: list[int]
                       ) -> tuple[list[bytes], list[int]]:
