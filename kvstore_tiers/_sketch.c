@@ -1,7 +1,7 @@
 /* The frequency sketch's per-key work, compiled: kvstore_tiers/admission.py.
  *
  * Called once per store or load job on vLLM's scheduler thread; the Python
- * twins in admission.py (_offer_py, _increment_py, _estimate_py, _sample_py)
+ * twins in admission.py (_offer_py, _increment_py, _estimate_py)
  * do exactly the same and a test checks that both agree, key by key.
  *
  * Table: 4 * width one-byte counters in a bytearray (width a power of two
@@ -29,6 +29,9 @@
 #define MAX_COUNT 15
 /* A 16-byte block hash (xxhash) and the 4-byte group index. */
 #define MIN_KEY 20
+/* Items a samples list may hold (two per sampled sighting); past it, sightings
+ * are not sampled until the adaptive policy's probe thread takes the list. */
+#define SAMPLES_MAX (1 << 20)
 
 static uint32_t load_u32(const unsigned char *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) |
@@ -135,13 +138,8 @@ static int parse_table(PyObject *table, PyObject *mask_obj, Py_buffer *buf, Sket
     return 0;
 }
 
-/* (table, keys: list, mask, ...) */
-static int parse(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, Py_buffer *buf,
-                 Sketch *s) {
-    if (nargs != want) {
-        PyErr_Format(PyExc_TypeError, "expected %zd arguments", want);
-        return -1;
-    }
+/* (table, keys: list, mask, ...): the first three arguments of every call. */
+static int parse(PyObject *const *args, Py_buffer *buf, Sketch *s) {
     if (!PyList_Check(args[1])) {
         PyErr_SetString(PyExc_TypeError, "keys must be a list");
         return -1;
@@ -149,34 +147,71 @@ static int parse(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t want, Py_bu
     return parse_table(args[0], args[2], buf, s);
 }
 
-/* parse() for the calls (table, keys, mask, n) whose fourth argument is an
- * int, read into `value`; the buffer is released if that fails. */
-static int parse_with_long(PyObject *const *args, Py_ssize_t nargs, Py_buffer *buf,
-                           Sketch *s, long *value) {
-    if (parse(args, nargs, 4, buf, s) < 0) return -1;
-    *value = PyLong_AsLong(args[3]);
-    if (*value == -1 && PyErr_Occurred()) {
-        PyBuffer_Release(buf);
+/* The optional sample arguments (limit, samples) at args[at], args[at + 1]:
+ * `samples` a list, or NULL when they are not given or it is None. */
+typedef struct {
+    long limit;
+    PyObject *samples;
+} Sampling;
+
+static int parse_sampling(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t at,
+                          Sampling *out) {
+    out->limit = 0;
+    out->samples = NULL;
+    if (nargs == at) return 0;
+    if (nargs != at + 2) {
+        PyErr_Format(PyExc_TypeError, "expected %zd or %zd arguments", at, at + 2);
         return -1;
     }
+    out->limit = PyLong_AsLong(args[at]);
+    if (out->limit == -1 && PyErr_Occurred()) return -1;
+    if (args[at + 1] == Py_None) return 0;
+    if (!PyList_Check(args[at + 1])) {
+        PyErr_SetString(PyExc_TypeError, "samples must be a list or None");
+        return -1;
+    }
+    out->samples = args[at + 1];
     return 0;
 }
 
-/* offer(table, keys, mask, threshold) -> None | list[int]
+/* A sighting of `key`, now counted `count`: if the key is in the hash sample
+ * (its last hash byte, the one before the group index, below the limit) and
+ * the samples list has room, append the key and its count. */
+static int sample(const Sampling *sm, PyObject *key, int count) {
+    if (sm->samples == NULL || PyList_GET_SIZE(sm->samples) >= SAMPLES_MAX) return 0;
+    if (((const unsigned char *)PyBytes_AS_STRING(key))[PyBytes_GET_SIZE(key) - 5] >=
+        sm->limit)
+        return 0;
+    PyObject *c = PyLong_FromLong(count);
+    if (c == NULL) return -1;
+    int rc = (PyList_Append(sm->samples, key) < 0 || PyList_Append(sm->samples, c) < 0) ? -1 : 0;
+    Py_DECREF(c);
+    return rc;
+}
+
+/* offer(table, keys, mask, threshold[, limit, samples]) -> None | list[int]
  * Count one sighting of every key; None if every key's count reached
- * `threshold`, else the indices (ascending) of those that did. */
+ * `threshold`, else the indices (ascending) of those that did. With `limit`
+ * and `samples`, also sample the sightings (see sample()). */
 static PyObject *offer(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer buf;
     Sketch s;
-    long threshold;
-    if (parse_with_long(args, nargs, &buf, &s, &threshold) < 0) return NULL;
+    Sampling sm;
+    if (nargs < 4) {
+        PyErr_SetString(PyExc_TypeError, "offer(table, keys, mask, threshold[, limit, samples])");
+        return NULL;
+    }
+    long threshold = PyLong_AsLong(args[3]);
+    if (threshold == -1 && PyErr_Occurred()) return NULL;
+    if (parse_sampling(args, nargs, 4, &sm) < 0 || parse(args, &buf, &s) < 0) return NULL;
     PyObject *keys = args[1];
     Py_ssize_t n = PyList_GET_SIZE(keys);
     PyObject *admitted = NULL; /* made at the first key that falls short */
     prefetch(&s, keys);
     for (Py_ssize_t i = 0; i < n; i++) {
-        int count = bump(&s, PyList_GET_ITEM(keys, i));
-        if (count < 0) goto error;
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        int count = bump(&s, key);
+        if (count < 0 || sample(&sm, key, count) < 0) goto error;
         if (count >= threshold) {
             if (admitted != NULL) {
                 PyObject *idx = PyLong_FromSsize_t(i);
@@ -205,16 +240,24 @@ error:
     return NULL;
 }
 
-/* increment(table, keys, mask) -> None: count one sighting of every key. */
+/* increment(table, keys, mask[, limit, samples]) -> None: count one sighting
+ * of every key (and sample them, as offer). */
 static PyObject *increment(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     Py_buffer buf;
     Sketch s;
-    if (parse(args, nargs, 3, &buf, &s) < 0) return NULL;
+    Sampling sm;
+    if (nargs < 3) {
+        PyErr_SetString(PyExc_TypeError, "increment(table, keys, mask[, limit, samples])");
+        return NULL;
+    }
+    if (parse_sampling(args, nargs, 3, &sm) < 0 || parse(args, &buf, &s) < 0) return NULL;
     PyObject *keys = args[1];
     Py_ssize_t n = PyList_GET_SIZE(keys);
     prefetch(&s, keys);
     for (Py_ssize_t i = 0; i < n; i++) {
-        if (bump(&s, PyList_GET_ITEM(keys, i)) < 0) {
+        PyObject *key = PyList_GET_ITEM(keys, i);
+        int count = bump(&s, key);
+        if (count < 0 || sample(&sm, key, count) < 0) {
             PyBuffer_Release(&buf);
             return NULL;
         }
@@ -237,52 +280,13 @@ static PyObject *estimate(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromLong(m);
 }
 
-/* sample(table, keys, mask, limit) -> None | list: the keys whose last hash
- * byte (the one before the group index) is below `limit` (a hash sample of
- * limit in 256), each followed by its count,
- * flat: [key, count, key, count, ...]; None if there are none. */
-static PyObject *sample(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    Py_buffer buf;
-    Sketch s;
-    long limit;
-    if (parse_with_long(args, nargs, &buf, &s, &limit) < 0) return NULL;
-    PyObject *keys = args[1];
-    PyObject *out = NULL;
-    Py_ssize_t n = PyList_GET_SIZE(keys);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *key = PyList_GET_ITEM(keys, i);
-        Py_ssize_t size = PyBytes_Check(key) ? PyBytes_GET_SIZE(key) : 0;
-        if (size < MIN_KEY) {
-            PyErr_SetString(PyExc_ValueError, "sampled keys must be bytes of at least 20 bytes");
-            goto error;
-        }
-        if (((const unsigned char *)PyBytes_AS_STRING(key))[size - 5] >= limit) continue;
-        if (out == NULL && (out = PyList_New(0)) == NULL) goto error;
-        PyObject *count = PyLong_FromLong(count_of(&s, key));
-        if (count == NULL || PyList_Append(out, key) < 0 || PyList_Append(out, count) < 0) {
-            Py_XDECREF(count);
-            goto error;
-        }
-        Py_DECREF(count);
-    }
-    PyBuffer_Release(&buf);
-    if (out == NULL) Py_RETURN_NONE;
-    return out;
-error:
-    Py_XDECREF(out);
-    PyBuffer_Release(&buf);
-    return NULL;
-}
-
 static PyMethodDef methods[] = {
     {"offer", (PyCFunction)(void (*)(void))offer, METH_FASTCALL,
-     "offer(table, keys, mask, threshold) -> None | list[int]"},
+     "offer(table, keys, mask, threshold[, limit, samples]) -> None | list[int]"},
     {"increment", (PyCFunction)(void (*)(void))increment, METH_FASTCALL,
-     "increment(table, keys, mask) -> None"},
+     "increment(table, keys, mask[, limit, samples]) -> None"},
     {"estimate", (PyCFunction)(void (*)(void))estimate, METH_FASTCALL,
      "estimate(table, key, mask) -> int"},
-    {"sample", (PyCFunction)(void (*)(void))sample, METH_FASTCALL,
-     "sample(table, keys, mask, limit) -> None | list"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -27,7 +27,7 @@ import logging
 import os
 import threading
 import weakref
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -80,20 +80,38 @@ def _bump_py(table: bytearray, mask: int, key: bytes) -> int:
     return m + 1
 
 
-def _offer_py(table: bytearray, keys: list[bytes], mask: int, threshold: int
-              ) -> list[int] | None:
+#: Items a samples list may hold (two per sampled sighting; ``SAMPLES_MAX`` in
+#: the C kernel): past it, sightings are not sampled until the list is taken.
+SAMPLES_MAX = 1 << 20
+
+
+def _sample_py(key: bytes, count: int, limit: int, samples: list[bytes | int] | None) -> None:
+    """Append ``key`` and ``count`` to ``samples`` if the key is in the hash sample
+    (its last hash byte, the one before the group index, below ``limit``: a
+    sample of ``limit`` in 256) and the list has room."""
+    if samples is not None and len(samples) < SAMPLES_MAX and key[-5] < limit:
+        samples += (key, count)
+
+
+def _offer_py(table: bytearray, keys: list[bytes], mask: int, threshold: int,
+              limit: int = 0, samples: list[bytes | int] | None = None) -> list[int] | None:
     """Python twin of ``_sketch.offer``: count a sighting of every key; None if
-    every estimate reached ``threshold``, else the indices of those that did."""
-    estimates = [_bump_py(table, mask, k) for k in keys]
+    every estimate reached ``threshold``, else the indices of those that did.
+    With ``samples``, also sample the sightings (:func:`_sample_py`)."""
+    estimates = []
+    for k in keys:
+        estimates.append(e := _bump_py(table, mask, k))
+        _sample_py(k, e, limit, samples)
     if all(e >= threshold for e in estimates):
         return None
     return [i for i, e in enumerate(estimates) if e >= threshold]
 
 
-def _increment_py(table: bytearray, keys: list[bytes], mask: int) -> None:
-    """Python twin of ``_sketch.increment``: count a sighting of every key."""
+def _increment_py(table: bytearray, keys: list[bytes], mask: int, limit: int = 0,
+                  samples: list[bytes | int] | None = None) -> None:
+    """Python twin of ``_sketch.increment``: count (and sample) a sighting of every key."""
     for k in keys:
-        _bump_py(table, mask, k)
+        _sample_py(k, _bump_py(table, mask, k), limit, samples)
 
 
 def _estimate_py(table: bytearray, key: bytes, mask: int) -> int:
@@ -101,24 +119,9 @@ def _estimate_py(table: bytearray, key: bytes, mask: int) -> int:
     return min(table[s] for s in _row_slots(key, mask + 1))
 
 
-def _sample_py(table: bytearray, keys: list[bytes], mask: int, limit: int
-               ) -> list[bytes | int] | None:
-    """Python twin of ``_sketch.sample``: the keys whose last hash byte (the one
-    before the group index) is below ``limit`` (a hash sample of ``limit`` in
-    256), each followed by its count, in one flat list; None if there are none."""
-    out: list[bytes | int] = []
-    for k in keys:
-        if not isinstance(k, bytes) or len(k) < MIN_KEY:
-            raise ValueError("sampled keys must be bytes of at least 20 bytes")
-        if k[-5] < limit:
-            out += (k, _estimate_py(table, k, mask))
-    return out or None
-
-
-_offer: Callable[[bytearray, list[bytes], int, int], list[int] | None] = _offer_py
-_increment: Callable[[bytearray, list[bytes], int], None] = _increment_py
+_offer: Callable[..., list[int] | None] = _offer_py
+_increment: Callable[..., None] = _increment_py
 _estimate: Callable[[bytearray, bytes, int], int] = _estimate_py
-_sample: Callable[[bytearray, list[bytes], int, int], list[bytes | int] | None] = _sample_py
 if os.environ.get("KVSTORE_TIERS_NATIVE_SKETCH", "1") != "0":
     try:  # not compiled here: the Python twins
         from kvstore_tiers._sketch import (  # type: ignore[no-redef]
@@ -126,7 +129,6 @@ if os.environ.get("KVSTORE_TIERS_NATIVE_SKETCH", "1") != "0":
         )
         from kvstore_tiers._sketch import increment as _increment  # type: ignore[no-redef]
         from kvstore_tiers._sketch import offer as _offer  # type: ignore[no-redef]
-        from kvstore_tiers._sketch import sample as _sample  # type: ignore[no-redef]
     except ImportError:
         pass
 NATIVE = _offer is not _offer_py
@@ -169,29 +171,34 @@ class FrequencySketch:
         self._offer = _offer if native else _offer_py
         self._increment = _increment if native else _increment_py
         self._estimate = _estimate if native else _estimate_py
-        #: ``sample(table, keys, mask, limit)``: the hash-sampled keys of a job,
-        #: each followed by its count (``_sketch.sample``). Public so that the
-        #: adaptive policy calls the kernel itself: one Python frame less per
-        #: job on the scheduler thread.
-        self.sample = _sample if native else _sample_py
 
     @property
     def nbytes(self) -> int:
         """Memory of the counters (bytes); fixed at start."""
         return len(self.table)
 
-    def offer(self, keys: list[bytes], threshold: int) -> list[int] | None:
+    def offer(self, keys: list[bytes], threshold: int, limit: int = 0,
+              samples: list[bytes | int] | None = None) -> list[int] | None:
         """Count one sighting of each of ``keys``; None if every key has now been
-        seen at least ``threshold`` times, else the indices of those that have."""
-        admitted = self._offer(self.table, keys, self.mask, threshold)
+        seen at least ``threshold`` times, else the indices of those that have.
+
+        With ``samples``: each key in the hash sample (its last hash byte, the
+        one before the group index, below ``limit``: ``limit`` in 256 keys) is
+        appended to it with its count after this sighting, while the list
+        holds fewer than :data:`SAMPLES_MAX` items. In the same C call: the
+        adaptive policy's miniatures cost the scheduler thread no call of
+        their own.
+        """
+        admitted = self._offer(self.table, keys, self.mask, threshold, limit, samples)
         self.additions += len(keys)  # inline, not _added(): one call less per job
         if self.additions >= self.period:
             self._age()
         return admitted
 
-    def increment(self, keys: list[bytes]) -> None:
-        """Count one sighting of each of ``keys``."""
-        self._increment(self.table, keys, self.mask)
+    def increment(self, keys: list[bytes], limit: int = 0,
+                  samples: list[bytes | int] | None = None) -> None:
+        """Count one sighting of each of ``keys`` (and sample them, as :meth:`offer`)."""
+        self._increment(self.table, keys, self.mask, limit, samples)
         self._added(len(keys))
 
     def estimate(self, key: bytes) -> int:
@@ -354,9 +361,9 @@ class AdaptivePolicy:
     Ageing of the sketch forgets a first sighting, so a block that was not
     admitted is tried again later instead of being shut out for good.
 
-    Scheduler thread: :meth:`admit` and :meth:`seen` are two C calls (the
-    sketch, and the sample with each sampled key's count as of its sighting)
-    and, when a key was sampled, one deque append.
+    Scheduler thread: :meth:`admit` and :meth:`seen` are one C call each,
+    which counts the sightings and appends the sampled keys, each with its
+    count as of its sighting, to a list.
     Everything else -- reading the capacity, running the miniatures, choosing
     the threshold -- runs in :meth:`update`, on the probe thread
     (:class:`AdmissionProbe`), which publishes the threshold as a plain
@@ -372,8 +379,8 @@ class AdaptivePolicy:
         self.margin = margin
         #: The gate's threshold once the tier is full (read by the scheduler thread).
         self.threshold = 2
-        #: Sampled sightings, one flat [key, count, ...] list per job, for update().
-        self._samples: deque[list[bytes | int]] = deque(maxlen=1 << 16)
+        #: Sampled sightings, flat: [key, count, key, count, ...], for update().
+        self._samples: list[bytes | int] = []
         self._write_all: OrderedDict[bytes, None] = OrderedDict()
         self._gated: OrderedDict[bytes, None] = OrderedDict()
         self.hits_write_all = 0.0
@@ -383,31 +390,25 @@ class AdaptivePolicy:
 
     # -- scheduler thread ------------------------------------------------------------
     def admit(self, keys: list[bytes]) -> list[int] | None:
-        sketch = self.sketch
-        admitted = sketch.offer(keys, self.threshold if self.signal.full else 1)
-        sampled = sketch.sample(sketch.table, keys, sketch.mask, self.sample_limit)
-        if sampled is not None:
-            self._samples.append(sampled)
+        admitted = self.sketch.offer(keys, self.threshold if self.signal.full else 1,
+                                     self.sample_limit, self._samples)
         if admitted is not None:
             self.counters.stores_not_admitted_cold += len(keys) - len(admitted)
         return admitted
 
     def seen(self, keys: list[bytes]) -> None:
-        sketch = self.sketch
-        sketch.increment(keys)
-        sampled = sketch.sample(sketch.table, keys, sketch.mask, self.sample_limit)
-        if sampled is not None:
-            self._samples.append(sampled)
+        self.sketch.increment(keys, self.sample_limit, self._samples)
 
     # -- probe thread ------------------------------------------------------------------
     def update(self) -> None:
         """Run the sampled sightings through the miniatures; choose the threshold."""
         cap = max(1, self.signal.blocks * self.sample_limit // 256)
-        samples = self._samples
-        while samples:
-            flat = samples.popleft()
-            for i in range(0, len(flat), 2):
-                self._sighting(flat[i], flat[i + 1], cap)  # type: ignore[arg-type]
+        # Take the list, leave a new one. The scheduler thread may still append
+        # to the old one if it read the attribute just before: the loop's
+        # range is fixed at its start, so those few sightings go unsampled.
+        flat, self._samples = self._samples, []
+        for i in range(0, len(flat) - 1, 2):
+            self._sighting(flat[i], flat[i + 1], cap)  # type: ignore[arg-type]
         self.threshold = 1 if self.hits_write_all > self.hits_gated * (1 + self.margin) else 2
 
     def _sighting(self, key: bytes, count: int, cap: int) -> None:

@@ -64,7 +64,7 @@ def test_adaptive_takes_keys_of_a_16_byte_hash(native) -> None:
     keys = _xxhash_keys(8, seed=30)
     policy.seen(keys[:4])
     assert policy.admit(keys) == [0, 1, 2, 3]  # full: the gate admits the seen ones
-    assert len(policy._samples) == 2  # every key sampled, none refused
+    assert len(policy._samples) == 2 * 12  # every sighting sampled (4 + 8), none refused
 
 
 def test_ageing_halves_every_counter_every_sample(native) -> None:
@@ -288,22 +288,40 @@ def test_the_probe_thread_refreshes_and_stops_on_close() -> None:
     policy.close()  # a second close is a no-op
 
 
-def test_sample_and_estimate_twins_agree() -> None:
+def test_sampling_and_estimate_twins_agree() -> None:
     native_mod = pytest.importorskip("kvstore_tiers._sketch")
     keys = make_keys(500, seed=15) + _xxhash_keys(300, seed=16)
-    s = FrequencySketch(1 << 8)
-    s.increment(keys * 2 + keys[:50])
-    t, m = s.table, s.mask
-    flat = native_mod.sample(t, keys, m, 16)
-    assert flat == admission._sample_py(t, keys, m, 16)
-    assert flat[0::2] == [k for k in keys if k[-5] < 16]
-    assert any(len(k) == 20 for k in flat[0::2])
-    assert flat[1::2] == [s.estimate(k) for k in flat[0::2]]
-    assert native_mod.sample(t, keys[:3], m, 0) is None
-    assert admission._sample_py(t, keys[:3], m, 0) is None
+    tables = []
+    for offer, increment in ((native_mod.offer, native_mod.increment),
+                             (admission._offer_py, admission._increment_py)):
+        s = FrequencySketch(1 << 8)
+        t, m = s.table, s.mask
+        seen: list[bytes | int] = []
+        increment(t, keys * 2, m, 16, seen)
+        offered: list[bytes | int] = []
+        admitted = offer(t, keys[:50], m, 4, 16, offered)
+        tables.append((bytes(t), seen, offered, admitted))
+        # Every sampled key, each with its count after that sighting.
+        assert seen[0::2] == [k for k in keys * 2 if k[-5] < 16]
+        assert any(len(k) == 20 for k in seen[0::2])  # type: ignore[arg-type]
+        assert offered[1::2] == [s.estimate(k) for k in offered[0::2]]  # type: ignore[arg-type]
+        nothing: list[bytes | int] = []
+        increment(t, keys[:3], m, 0, nothing)  # limit 0: none sampled
+        assert offer(t, keys[:3], m, 1, 16, None) is None and nothing == []
+        with pytest.raises(ValueError):
+            increment(t, [b"short"], m, 16, nothing)
+    assert tables[0] == tables[1]
+    t, m = FrequencySketch(1 << 8).table, (1 << 8) - 1
+    native_mod.increment(t, keys, m)
     assert [native_mod.estimate(t, k, m) for k in keys] == [
         admission._estimate_py(t, k, m) for k in keys]
-    with pytest.raises(ValueError):
-        native_mod.sample(t, [b"short"], m, 16)
-    with pytest.raises(ValueError):
-        admission._sample_py(t, [b"short"], m, 16)
+
+
+def test_a_full_samples_list_takes_no_more() -> None:
+    native_mod = pytest.importorskip("kvstore_tiers._sketch")
+    keys = [k for k in make_keys(2000, seed=17) if k[-5] < 16]
+    t, m = FrequencySketch(1 << 10).table, (1 << 10) - 1
+    full = [b"x"] * admission.SAMPLES_MAX
+    native_mod.increment(t, keys, m, 16, full)
+    admission._increment_py(t, keys, m, 16, full)
+    assert len(full) == admission.SAMPLES_MAX
