@@ -73,6 +73,9 @@ STATS_DIR_ENV = "KVSTORE_TIERS_STATS_DIR"
 
 _CLOSED = BreakerState.CLOSED
 
+#: Evicted keys the presence index forgets per get_finished_jobs (see _forget_evicted).
+FORGET_PER_POLL = 256
+
 
 def store_backlog_bound(configured: int | None, primary_bytes: int) -> float:
     """The effective ``max_store_bytes_in_flight``: half the primary by default, 0 unbounded."""
@@ -143,6 +146,7 @@ class KVStoreTier(SecondaryTierManager):
         self.metrics, self.breaker, self._presence = ledger.metrics, ledger.breaker, ledger.presence
         self._failed = ledger.verdicts
         self._warn = ledger.warn
+        self._evicted_keys = self.backend.evicted_keys
         #: The store admission policy (None: ``admission: always``, no call at all).
         self._admission = assembly.admission_policy(config, self.backend, ledger.counters,
                                                     self._block_size_bytes)
@@ -218,6 +222,8 @@ class KVStoreTier(SecondaryTierManager):
     def get_finished_jobs(self) -> Iterable[JobResult]:
         results: list[JobResult] = []
         try:
+            if self._evicted_keys:
+                self._forget_evicted()
             while self._ready:
                 results.append(self._ready.popleft())
             finished = self._pool.finished
@@ -419,6 +425,18 @@ class KVStoreTier(SecondaryTierManager):
             self._fail_now(tj.job_id, tj, is_load)
         elif not is_load:
             self._store_bytes_in_flight += nbytes
+
+    def _forget_evicted(self) -> None:
+        """Scheduler thread: the presence index forgets keys the backend evicted.
+
+        At most :data:`FORGET_PER_POLL` per poll: an evictor round removes
+        thousands of objects at once, and a step should not pay for all of
+        them (the rest wait for the next polls; until then a lookup of one of
+        them answers HIT and its load fails, is counted and recomputed).
+        """
+        evicted, presence = self._evicted_keys, self._presence
+        for _ in range(min(len(evicted), FORGET_PER_POLL)):
+            presence.pop(evicted.popleft(), None)
 
     def _drop_present(self, keys: Sequence[bytes], cids: list[int]
                       ) -> tuple[list[bytes], list[int]]:

@@ -39,6 +39,7 @@ object already existed), or the item's error.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -51,6 +52,9 @@ if TYPE_CHECKING:
     from kvstore_tiers.namespace import Namespace
 
 Buffer = bytes | bytearray | memoryview
+
+#: Evicted keys a backend holds for its tier to take (:attr:`Backend.evicted_keys`).
+EVICTED_KEYS_MAX = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +137,12 @@ class Backend(ABC):
         self.namespace = namespace
         #: Objects this backend removed for capacity (eviction), for metrics.
         self.evicted_objects = 0
+        #: Keys of objects this backend evicted itself (fs ``max_bytes``),
+        #: appended by its threads, taken by the tier: its presence index
+        #: forgets them instead of answering HIT for a block that is gone.
+        #: Bounded: past it the oldest are dropped (those keys' next loads
+        #: fail and are recomputed, as for an object another process removed).
+        self.evicted_keys: deque[bytes] = deque(maxlen=EVICTED_KEYS_MAX)
 
     @property
     def tuning(self) -> IOTuning:

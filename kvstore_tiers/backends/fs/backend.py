@@ -55,6 +55,7 @@ from kvstore_tiers.backends.fs.layout import prepare_namespace_dir, walk_prefix
 from kvstore_tiers.backends.fs.writers import WriterLock, sweep_stale
 from kvstore_tiers.errors import ConfigError, ObjectCorrupt, ObjectMissing, TransientError
 from kvstore_tiers.frame import FrameCodec
+from kvstore_tiers.namespace import key_from_object_name
 
 logger = logging.getLogger(__name__)
 
@@ -159,8 +160,15 @@ class FileSystemBackend(Backend):
                         files, nbytes >> 10, self.root)
         return files
 
-    def _on_evicted(self, n_objects: int) -> None:
-        self.evicted_objects += n_objects
+    def _on_evicted(self, paths: list[str]) -> None:
+        # The evictor thread: the keys go to the tier's presence index
+        # (Backend.evicted_keys), so that it stops answering HIT for them.
+        self.evicted_objects += len(paths)
+        evicted = self.evicted_keys
+        for path in paths:
+            key = key_from_object_name(path)
+            if key is not None:
+                evicted.append(key)
 
     def _temp_name(self, path: str) -> str:
         assert self.writer is not None, "open() first"

@@ -119,7 +119,7 @@ class CapacityController:
     reserve_wait_s = 5.0
 
     def __init__(
-        self, base: Path, config: Any, on_evicted: Callable[[int], None],
+        self, base: Path, config: Any, on_evicted: Callable[[list[str]], None],
         writer: WriterLock | None = None, check_interval_s: float = 10.0,
     ) -> None:
         self.base = base
@@ -279,7 +279,8 @@ class CapacityController:
                     short = self.min_free + need - (self._free_bytes() - pending)
                     if short > 0:
                         need_free = short + self._band()
-                removed = freed = 0
+                removed: list[str] = []
+                freed = 0
                 if total > target or need_free:
                     entries.sort()  # oldest first
                     for _mtime, size, path in entries:
@@ -287,7 +288,7 @@ class CapacityController:
                             break
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(path)
-                            removed += 1
+                            removed.append(path)
                             freed += size
                 led[0], led[1] = total - freed, pending
                 self.last_usage = total - freed
@@ -298,11 +299,11 @@ class CapacityController:
             logger.info("fs tier: removed %d temp files of killed writers (%d KiB) under %s",
                         table.swept_files, table.swept_bytes >> 10, self.base)
         if removed:
-            self.evicted_objects += removed
+            self.evicted_objects += len(removed)
             self._on_evicted(removed)
             logger.info("fs tier: evicted %d objects (%d MiB) under %s",
-                        removed, freed >> 20, self.base)
-        return removed
+                        len(removed), freed >> 20, self.base)
+        return len(removed)
 
     # -- thread -------------------------------------------------------------------
     def start(self) -> None:

@@ -51,6 +51,38 @@ def test_cap_holds_and_least_recently_used_go_first(harness_factory, tmp_path) -
     assert tier.get_stats() is not None and tier.counters.objects_evicted > 0
 
 
+def test_evicted_objects_leave_the_presence_index(harness_factory, tmp_path) -> None:
+    from vllm.v1.kv_offload.base import LookupResult
+
+    objects_cap = 20 * (ROW + 4096)
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path),
+                          "max_bytes": _overhead(tmp_path) + objects_cap}],
+                        num_chunks=16, chunk_bytes=ROW)
+    tier = h.tiers[0]
+    all_keys: list[bytes] = []
+    for batch in range(5):
+        keys = make_keys(10, seed=100 + batch)
+        h.store_all(keys, rows_like(10, ROW, seed=batch))
+        all_keys += keys
+    ns = tier.namespace
+    # The writers evicted while storing (their reservations wake the evictor); this
+    # round brings the tier under its low watermark.
+    tier.backend.capacity.evict_now(wait=True)
+    evicted = [k for k in all_keys if not (tmp_path / ns.object_name(k)).exists()]
+    kept = [k for k in all_keys if k not in evicted]
+    assert len(evicted) >= 25 and kept
+    assert tier.backend.evicted_objects == len(evicted)
+    ctx = h.new_request()
+    with h.locked():
+        list(tier.get_finished_jobs())  # the poll that hands the evicted keys over
+        assert not tier.backend.evicted_keys
+        assert not any(k in tier._presence for k in evicted)
+        assert all(tier.lookup(k, ctx) is LookupResult.HIT for k in kept)
+        # Gone: the existence check runs (RETRY), not a HIT whose load would fail.
+        assert all(tier.lookup(k, ctx) is not LookupResult.HIT for k in evicted)
+    h.finish_request(ctx)
+
+
 def _writer(root: str, seed: int, cap: int, n_batches: int) -> None:
     from kvstore_tiers.tools.harness import build_harness
 
@@ -82,7 +114,7 @@ def test_two_processes_sharing_a_root_stay_under_the_cap(tmp_path) -> None:
     class _Cfg:
         max_bytes, min_free_bytes, high_watermark, low_watermark = cap, None, 0.95, 0.85
 
-    CapacityController(ns_dir, _Cfg, lambda n: None).evict_now(wait=True)
+    CapacityController(ns_dir, _Cfg, lambda paths: None).evict_now(wait=True)
     total, _ = scan(ns_dir)
     assert total <= cap
     assert not list(tmp_path.rglob("*.tmp"))
