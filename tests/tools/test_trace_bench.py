@@ -88,6 +88,33 @@ def test_reference_lru_writes_on_second_sight() -> None:
         trace_reference.replay(TINY, 3, "adaptive")
 
 
+def test_design_replay_drives_the_policy_objects_as_a_tier_does() -> None:
+    from kvstore_tiers.tools.bench import trace_design
+
+    # reuse: the reference's second sight on this trace (its counts are exact here).
+    r = trace_design.policy_replay(TINY, 3, "reuse")
+    assert (r["block_hit_rate"], r["blocks_written"]) == (3 / 11, 3)
+    # adaptive in a tier that never fills: writes everything, as the reference's always.
+    ref = trace_reference.replay(TINY, 100, "always")
+    r = trace_design.policy_replay(TINY, 100, "adaptive")
+    assert (r["block_hit_rate"], r["blocks_written"]) == (ref.block_hit_rate, 5) == (6 / 11, 5)
+    with pytest.raises(ValueError, match="always"):
+        trace_design.policy_replay(TINY, 3, "always")
+
+
+def test_design_replay_counts_where_first_sight_writes_pay() -> None:
+    from kvstore_tiers.tools.bench import trace_design
+
+    # Capacity 3, write everything: 1 2 3 4 5 are written at their first sighting;
+    # 1 is read three times and 2 once before eviction; 3 4 5 never.
+    fs = trace_design.first_sight_sources(TINY, 3)
+    assert (fs["first_sight_writes"], fs["useful"], fs["hits_served"]) == (5, 2, 4)
+    assert sum(b["writes"] for b in fs["distance_from_end"].values()) == 5
+    out = trace_design.run(TINY, percents=(60.0, 100.0))
+    assert [row["capacity_blocks"] for row in out["rows"]] == [3, 5]
+    assert "| 100 % | 0.545 / 5 |" in trace_design.markdown(out)
+
+
 @needs_trace
 @pytest.mark.parametrize(("percent", "policy", "hit", "written"), [
     (2, "always", 0.079, 265_797), (2, "reuse", 0.143, 64_355),

@@ -1,0 +1,225 @@
+"""A block-level replay of a trace through the admission policies themselves.
+
+``python -m kvstore_tiers.tools.bench.trace_design TRACE [--requests N] [--json F]``
+
+The replay of :mod:`.trace_reference` (one LRU cache of C blocks, prefix
+semantics, nothing in flight), with each computed block's admission decided
+by the policy objects of :mod:`kvstore_tiers.admission` as a tier calls
+them: per request, its hit blocks are a load (``seen``) and its computed
+blocks not already cached are one store job (``admit``). ``reuse`` and
+``adaptive`` run at the tier's default sketch width; ``adaptive`` reads the
+cache's fill as its capacity signal and runs its probe's update after every
+request (a tier's probe runs every :data:`~kvstore_tiers.admission.PROBE_INTERVAL_S`).
+Beside them, from the same run: the exact reference policies (``always``,
+``second sight``: write on the trace's second naming of a block).
+
+It answers what the real-manager replay (``kvstore-tiers bench --trace``)
+cannot at the trace's full length in minutes: how each policy's hit rate and
+writes vary with the capacity, on every block of the trace. And, per
+capacity, where write-everything's extra hits come from: the blocks it wrote
+at their first sighting that were read before eviction ("useful"), by the
+features an admission rule could see when the block is offered (its
+distance from the end of its request, the request's prefix hits). The share
+of useful first-sight writes in each bucket bounds what a rule on that
+feature can keep.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from kvstore_tiers.admission import (
+    AdaptivePolicy,
+    CapacitySignal,
+    FrequencySketch,
+    ReusePolicy,
+)
+from kvstore_tiers.config import TierConfig
+from kvstore_tiers.metrics import TierCounters
+from kvstore_tiers.tools.bench import trace_reference
+from kvstore_tiers.tools.bench.trace import block_key
+from kvstore_tiers.tools.bench.trace_file import TraceRequest, distinct_blocks, load
+
+PERCENTS = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
+
+#: Buckets of a feature's value: (label, lowest value in it).
+_AFTER = (("last block", 0), ("1-3 before the end", 1), ("4-15", 4), ("16+", 16))
+_PREFIX = (("no prefix hit", 0), ("1-3 prefix hits", 1), ("4+", 4))
+
+
+def _bucket(value: int, buckets: Sequence[tuple[str, int]]) -> str:
+    label = buckets[0][0]
+    for name, lowest in buckets:
+        if value >= lowest:
+            label = name
+    return label
+
+
+class _OneBlockFrames:
+    """The write counters a CapacitySignal reads: one byte per block, so blocks = bytes."""
+
+    objects_stored = 1
+    stored_bytes_written = 1
+
+
+def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
+                  min_sightings: int = 2) -> dict[str, Any]:
+    """Replay ``requests`` through an LRU of ``capacity`` blocks, admission by ``policy``
+    (``reuse`` or ``adaptive``, the tier's objects at its default sketch width)."""
+    cache: OrderedDict[bytes, None] = OrderedDict()
+    counters = TierCounters()
+    sketch = FrequencySketch(TierConfig.model_fields["admission_sketch_width"].default)
+    gate: ReusePolicy | AdaptivePolicy
+    if policy == "reuse":
+        gate = ReusePolicy(sketch, min_sightings, counters)
+    elif policy == "adaptive":
+        signal = CapacitySignal(lambda: (len(cache), capacity), None, _OneBlockFrames(), 1)
+        gate = AdaptivePolicy(sketch, signal, counters)
+    else:
+        raise ValueError(f"no policy object for {policy!r}")
+    requested = hit = written = evicted = 0
+    for req in requests:
+        keys = [block_key(h) for h in req.hash_ids]
+        requested += len(keys)
+        served = 0
+        while served < len(keys) and keys[served] in cache:
+            cache.move_to_end(keys[served])
+            served += 1
+        hit += served
+        if served:
+            gate.seen(keys[:served])
+        offered = []
+        for k in keys[served:]:
+            if k in cache:  # computed again after an earlier miss; the tier has it
+                cache.move_to_end(k)
+            elif k not in offered:
+                offered.append(k)
+        if offered:
+            admitted = gate.admit(offered)
+            for i in range(len(offered)) if admitted is None else admitted:
+                cache[offered[i]] = None
+                written += 1
+                if len(cache) > capacity:
+                    cache.popitem(last=False)
+                    evicted += 1
+        if isinstance(gate, AdaptivePolicy):
+            gate.signal.refresh()
+            gate.update()
+    return {"block_hit_rate": hit / requested if requested else 0.0, "blocks_written": written,
+            "evictions": evicted}
+
+
+def first_sight_sources(requests: Sequence[TraceRequest], capacity: int) -> dict[str, Any]:
+    """Write everything into an LRU of ``capacity`` blocks; of the blocks written
+    at their first sighting, how many were read before eviction, and the hits
+    they served, by bucket of each feature (see the module doc)."""
+    cache: OrderedDict[int, None] = OrderedDict()
+    seen: set[int] = set()
+    features: dict[int, tuple[str, str]] = {}
+    hits_of: defaultdict[int, int] = defaultdict(int)
+    for req in requests:
+        ids = req.hash_ids
+        missed = False
+        prefix_hits = 0
+        for i, h in enumerate(ids):
+            first = h not in seen
+            seen.add(h)
+            if not missed and h in cache:
+                cache.move_to_end(h)
+                prefix_hits += 1
+                hits_of[h] += 1
+                continue
+            missed = True
+            if h in cache:
+                cache.move_to_end(h)
+                continue
+            cache[h] = None
+            if first:
+                features[h] = (_bucket(len(ids) - 1 - i, _AFTER), _bucket(prefix_hits, _PREFIX))
+            if len(cache) > capacity:
+                cache.popitem(last=False)
+    out: dict[str, Any] = {
+        "first_sight_writes": len(features),
+        "useful": sum(1 for h in features if hits_of[h]),
+        "hits_served": sum(hits_of[h] for h in features),
+    }
+    for f, name in enumerate(("distance_from_end", "prefix_hits")):
+        table: dict[str, dict[str, int]] = {}
+        for h, feats in features.items():
+            row = table.setdefault(feats[f], {"writes": 0, "useful": 0, "hits": 0})
+            row["writes"] += 1
+            row["useful"] += hits_of[h] > 0
+            row["hits"] += hits_of[h]
+        out[name] = table
+    return out
+
+
+def run(requests: Sequence[TraceRequest], percents: Sequence[float] = PERCENTS,
+        min_sightings: int = 2) -> dict[str, Any]:
+    distinct = distinct_blocks(list(requests))
+    rows = []
+    for pct in percents:
+        cap = trace_reference.capacity_blocks(distinct, pct)
+        row: dict[str, Any] = {"percent": pct, "capacity_blocks": cap}
+        for name, pol in (("always", "always"), ("second_sight", "reuse")):
+            ref = trace_reference.replay(requests, cap, pol, min_sightings)
+            row[name] = {"block_hit_rate": ref.block_hit_rate, "blocks_written": ref.blocks_written,
+                         "evictions": ref.evictions}
+        for pol in ("reuse", "adaptive"):
+            row[pol] = policy_replay(requests, cap, pol, min_sightings)
+        row["first_sight"] = first_sight_sources(requests, cap)
+        rows.append(row)
+        print(f"{pct:g} %: " + "; ".join(
+            f"{k} {row[k]['block_hit_rate']:.3f} / {row[k]['blocks_written']:,}"
+            for k in ("always", "second_sight", "reuse", "adaptive")), flush=True)
+    return {"requests": len(requests), "distinct_blocks": distinct, "rows": rows}
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The two tables of docs/admission.md: hit rate and writes; first-sight writes."""
+    lines = ["| capacity | always: hit rate / blocks written | second sight (exact) | "
+             "`reuse` (2) | `adaptive` |", "|---|---|---|---|---|"]
+    for row in result["rows"]:
+        lines.append(f"| {row['percent']:g} % | " + " | ".join(
+            f"{row[k]['block_hit_rate']:.3f} / {row[k]['blocks_written']:,}"
+            for k in ("always", "second_sight", "reuse", "adaptive")) + " |")
+    lines += ["", "| capacity | first-sight writes (always) | read before eviction | "
+              "hits they served | best bucket: share read |", "|---|---|---|---|---|"]
+    for row in result["rows"]:
+        fs = row["first_sight"]
+        best = max(((name, b) for feat in ("distance_from_end", "prefix_hits")
+                    for name, b in fs[feat].items() if b["writes"] >= 1000),
+                   key=lambda nb: nb[1]["useful"] / nb[1]["writes"], default=None)
+        best_s = (f"{best[0]}: {best[1]['useful'] / best[1]['writes']:.2f} of "
+                  f"{best[1]['writes']:,}" if best else "-")
+        share = fs["useful"] / fs["first_sight_writes"] if fs["first_sight_writes"] else 0.0
+        lines.append(f"| {row['percent']:g} % | {fs['first_sight_writes']:,} | "
+                     f"{fs['useful']:,} ({share:.2f}) | {fs['hits_served']:,} | {best_s} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace", type=Path, help="a request trace (Mooncake JSONL, "
+                    "prefix-block ids), e.g. mooncake-conversation.jsonl")
+    ap.add_argument("--requests", type=int, help="replay only the first N requests")
+    ap.add_argument("--percent", type=float, action="append", help="capacities in %% of "
+                    "the distinct blocks (repeatable; default 2 5 10 20 50 100)")
+    ap.add_argument("--json", type=Path, help="write the full result here")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    result = run(load(args.trace, args.requests), args.percent or PERCENTS)
+    result["seconds"] = round(time.monotonic() - t0, 1)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
