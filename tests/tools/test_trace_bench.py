@@ -98,8 +98,12 @@ def test_design_replay_drives_the_policy_objects_as_a_tier_does() -> None:
     ref = trace_reference.replay(TINY, 100, "always")
     r = trace_design.policy_replay(TINY, 100, "adaptive")
     assert (r["block_hit_rate"], r["blocks_written"]) == (ref.block_hit_rate, 5) == (6 / 11, 5)
-    with pytest.raises(ValueError, match="always"):
-        trace_design.policy_replay(TINY, 3, "always")
+    assert trace_design.policy_replay(TINY, 100, "always")["blocks_written"] == 5
+    # A primary that holds everything serves every hit: the tier is written, never read.
+    r = trace_design.policy_replay(TINY, 100, "always", primary=100)
+    assert (r["block_hit_rate"], r["tier_block_hit_rate"], r["blocks_written"]) == (6 / 11, 0, 5)
+    with pytest.raises(ValueError, match="sometimes"):
+        trace_design.policy_replay(TINY, 3, "sometimes")
 
 
 def test_design_replay_counts_where_first_sight_writes_pay() -> None:

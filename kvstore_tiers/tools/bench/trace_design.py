@@ -11,7 +11,11 @@ blocks not already cached are one store job (``admit``). ``reuse`` and
 cache's fill as its capacity signal and runs its probe's update after every
 request (a tier's probe runs every :data:`~kvstore_tiers.admission.PROBE_INTERVAL_S`).
 Beside them, from the same run: the exact reference policies (``always``,
-``second sight``: write on the trace's second naming of a block).
+``second sight``: write on the trace's second naming of a block). Then the
+same three policies behind a primary tier (an LRU of the longest request
+plus 32 blocks, as ``bench --trace`` sizes vLLM's CPU tier): the tier sees
+only the loads and cascades the primary lets through, so the sightings its
+policy counts are a real tier's, not the whole trace's.
 
 It answers what the real-manager replay (``kvstore-tiers bench --trace``)
 cannot at the trace's full length in minutes: how each policy's hit rate and
@@ -68,51 +72,89 @@ class _OneBlockFrames:
     stored_bytes_written = 1
 
 
+def primary_blocks(requests: Sequence[TraceRequest]) -> int:
+    """The primary's size: the longest request plus 32 blocks, as ``bench --trace`` has it."""
+    return max(len(r.hash_ids) for r in requests) + 32
+
+
 def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
-                  min_sightings: int = 2) -> dict[str, Any]:
-    """Replay ``requests`` through an LRU of ``capacity`` blocks, admission by ``policy``
-    (``reuse`` or ``adaptive``, the tier's objects at its default sketch width)."""
-    cache: OrderedDict[bytes, None] = OrderedDict()
+                  min_sightings: int = 2, primary: int = 0) -> dict[str, Any]:
+    """Replay ``requests`` through an LRU tier of ``capacity`` blocks, admission by
+    ``policy`` (``always``, or ``reuse``/``adaptive``: the tier's objects at its
+    default sketch width).
+
+    With ``primary`` > 0, an LRU primary of that many blocks stands in front,
+    as vLLM's CPU tier does: a block it holds is served without the tier
+    seeing it; a block promoted from the tier (a load: a sighting) or
+    computed enters it; a computed block is cascaded to the tier (an offer).
+    The tier then sees only what the primary lets through, as a real one does.
+    """
+    tier: OrderedDict[bytes, None] = OrderedDict()
+    front: OrderedDict[bytes, None] = OrderedDict()
     counters = TierCounters()
     sketch = FrequencySketch(TierConfig.model_fields["admission_sketch_width"].default)
-    gate: ReusePolicy | AdaptivePolicy
+    gate: ReusePolicy | AdaptivePolicy | None = None
     if policy == "reuse":
         gate = ReusePolicy(sketch, min_sightings, counters)
     elif policy == "adaptive":
-        signal = CapacitySignal(lambda: (len(cache), capacity), None, _OneBlockFrames(), 1)
+        signal = CapacitySignal(lambda: (len(tier), capacity), None, _OneBlockFrames(), 1)
         gate = AdaptivePolicy(sketch, signal, counters)
-    else:
-        raise ValueError(f"no policy object for {policy!r}")
-    requested = hit = written = evicted = 0
+    elif policy != "always":
+        raise ValueError(f"no policy {policy!r} (have always, reuse, adaptive)")
+
+    def enter_primary(k: bytes) -> None:
+        front[k] = None
+        front.move_to_end(k)
+        if len(front) > primary:
+            front.popitem(last=False)
+
+    requested = hit = tier_hit = written = evicted = 0
     for req in requests:
         keys = [block_key(h) for h in req.hash_ids]
         requested += len(keys)
         served = 0
-        while served < len(keys) and keys[served] in cache:
-            cache.move_to_end(keys[served])
+        loaded = []
+        for k in keys:  # the leading hits: the primary's, else the tier's
+            if primary and k in front:
+                front.move_to_end(k)
+            elif k in tier:
+                tier.move_to_end(k)
+                loaded.append(k)
+            else:
+                break
             served += 1
         hit += served
-        if served:
-            gate.seen(keys[:served])
+        tier_hit += len(loaded)
+        if loaded and gate is not None:
+            gate.seen(loaded)
+        if primary:
+            for k in loaded:
+                enter_primary(k)
         offered = []
         for k in keys[served:]:
-            if k in cache:  # computed again after an earlier miss; the tier has it
-                cache.move_to_end(k)
+            if primary and k in front:  # in the primary already: not stored again
+                front.move_to_end(k)
+                continue
+            if primary:
+                enter_primary(k)
+            if k in tier:  # the tier has it (its presence index drops it)
+                tier.move_to_end(k)
             elif k not in offered:
                 offered.append(k)
         if offered:
-            admitted = gate.admit(offered)
+            admitted = gate.admit(offered) if gate is not None else None
             for i in range(len(offered)) if admitted is None else admitted:
-                cache[offered[i]] = None
+                tier[offered[i]] = None
                 written += 1
-                if len(cache) > capacity:
-                    cache.popitem(last=False)
+                if len(tier) > capacity:
+                    tier.popitem(last=False)
                     evicted += 1
         if isinstance(gate, AdaptivePolicy):
             gate.signal.refresh()
             gate.update()
-    return {"block_hit_rate": hit / requested if requested else 0.0, "blocks_written": written,
-            "evictions": evicted}
+    return {"block_hit_rate": hit / requested if requested else 0.0,
+            "tier_block_hit_rate": tier_hit / requested if requested else 0.0,
+            "blocks_written": written, "evictions": evicted}
 
 
 def first_sight_sources(requests: Sequence[TraceRequest], capacity: int) -> dict[str, Any]:
@@ -163,6 +205,7 @@ def first_sight_sources(requests: Sequence[TraceRequest], capacity: int) -> dict
 def run(requests: Sequence[TraceRequest], percents: Sequence[float] = PERCENTS,
         min_sightings: int = 2) -> dict[str, Any]:
     distinct = distinct_blocks(list(requests))
+    primary = primary_blocks(requests)
     rows = []
     for pct in percents:
         cap = trace_reference.capacity_blocks(distinct, pct)
@@ -173,12 +216,17 @@ def run(requests: Sequence[TraceRequest], percents: Sequence[float] = PERCENTS,
                          "evictions": ref.evictions}
         for pol in ("reuse", "adaptive"):
             row[pol] = policy_replay(requests, cap, pol, min_sightings)
+        for pol in ("always", "reuse", "adaptive"):
+            row[f"{pol}_behind_primary"] = policy_replay(requests, cap, pol, min_sightings,
+                                                         primary=primary)
         row["first_sight"] = first_sight_sources(requests, cap)
         rows.append(row)
         print(f"{pct:g} %: " + "; ".join(
             f"{k} {row[k]['block_hit_rate']:.3f} / {row[k]['blocks_written']:,}"
-            for k in ("always", "second_sight", "reuse", "adaptive")), flush=True)
-    return {"requests": len(requests), "distinct_blocks": distinct, "rows": rows}
+            for k in ("always", "second_sight", "reuse", "adaptive", "always_behind_primary",
+                      "reuse_behind_primary", "adaptive_behind_primary")), flush=True)
+    return {"requests": len(requests), "distinct_blocks": distinct, "primary_blocks": primary,
+            "rows": rows}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -189,6 +237,15 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {row['percent']:g} % | " + " | ".join(
             f"{row[k]['block_hit_rate']:.3f} / {row[k]['blocks_written']:,}"
             for k in ("always", "second_sight", "reuse", "adaptive")) + " |")
+    lines += ["", f"Behind a primary of {result['primary_blocks']:,} blocks (hit rate of "
+              "primary and tier / tier's share / blocks written):", "",
+              "| capacity | always | `reuse` (2) | `adaptive` |", "|---|---|---|---|"]
+    for row in result["rows"]:
+        lines.append(f"| {row['percent']:g} % | " + " | ".join(
+            f"{row[k]['block_hit_rate']:.3f} / {row[k]['tier_block_hit_rate']:.3f} / "
+            f"{row[k]['blocks_written']:,}"
+            for k in ("always_behind_primary", "reuse_behind_primary",
+                      "adaptive_behind_primary")) + " |")
     lines += ["", "| capacity | first-sight writes (always) | read before eviction | "
               "hits they served | best bucket: share read |", "|---|---|---|---|---|"]
     for row in result["rows"]:
