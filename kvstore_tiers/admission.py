@@ -14,9 +14,10 @@ tier's ``admission`` key picks a policy:
   (:class:`AdaptivePolicy`).
 
 One job: the admission decision. The tier calls :meth:`Policy.admit` once
-per store job and :meth:`Policy.seen` once per load job, on vLLM's scheduler
-thread, after the presence index has dropped the keys already stored; keys
-not admitted are simply not stored. The per-key work (four counter updates)
+per store job, on vLLM's scheduler thread, after the presence index has
+dropped the keys already stored; keys not admitted are simply not stored.
+:meth:`Policy.seen` counts a load job's keys, once per job, on the I/O
+thread that runs it. The per-key work (four counter updates)
 runs in C (``_sketch.c``) when it is compiled, in the Python twins below
 otherwise; a test checks both agree.
 """
@@ -155,8 +156,14 @@ class FrequencySketch:
     slices of the hash mixed with the group (:func:`_row_slots`); no hashing
     is needed.
 
-    Scheduler thread only: the adaptive policy samples it there, and its
-    probe thread reads only the samples.
+    Two threads count: vLLM's scheduler thread offers a store job's keys
+    (:meth:`offer`), the I/O thread that runs a load counts its keys
+    (:meth:`increment`). Each count is one C call under the GIL, so no
+    counter is torn; ageing is under a lock, so two threads crossing the
+    period at once halve the table once. (A halving that lands between
+    another thread's read and write of ``additions`` can lose a few
+    sightings: harmless for an estimate.) The adaptive policy's probe
+    thread reads only the samples.
     """
 
     def __init__(self, width: int, period: int | None = None, native: bool = True) -> None:
@@ -168,6 +175,7 @@ class FrequencySketch:
         self.period = period if period is not None else width
         self.additions = 0
         self.agings = 0
+        self._age_lock = threading.Lock()
         self._offer = _offer if native else _offer_py
         self._increment = _increment if native else _increment_py
         self._estimate = _estimate if native else _estimate_py
@@ -211,9 +219,12 @@ class FrequencySketch:
             self._age()
 
     def _age(self) -> None:
-        self.table[:] = self.table.translate(_HALVE)
-        self.additions //= 2
-        self.agings += 1
+        with self._age_lock:
+            if self.additions < self.period:  # another thread has just aged it
+                return
+            self.table[:] = self.table.translate(_HALVE)
+            self.additions //= 2
+            self.agings += 1
 
 
 class SkipCounters(Protocol):
@@ -224,14 +235,14 @@ class SkipCounters(Protocol):
 
 
 class Policy(Protocol):
-    """An admission policy, as the tier calls it (scheduler thread, once per job)."""
+    """An admission policy, as the tier calls it (once per job: see the module doc)."""
 
     def admit(self, keys: list[bytes]) -> list[int] | None:
         """A store job offers ``keys``: None to store them all, else the indices
         of those to store (ascending; may be empty). Counts the others."""
 
     def seen(self, keys: list[bytes]) -> None:
-        """A load job reads ``keys``: they count as sightings."""
+        """A load job reads ``keys``: they count as sightings (on an I/O thread)."""
 
     def close(self) -> None:
         """The tier shuts down (stops any thread of the policy; idempotent)."""
@@ -361,9 +372,9 @@ class AdaptivePolicy:
     Ageing of the sketch forgets a first sighting, so a block that was not
     admitted is tried again later instead of being shut out for good.
 
-    Scheduler thread: :meth:`admit` and :meth:`seen` are one C call each,
-    which counts the sightings and appends the sampled keys, each with its
-    count as of its sighting, to a list.
+    :meth:`admit` (scheduler thread) and :meth:`seen` (an I/O thread) are
+    one C call each, which counts the sightings and appends the sampled
+    keys, each with its count as of its sighting, to a list.
     Everything else -- reading the capacity, running the miniatures, choosing
     the threshold -- runs in :meth:`update`, on the probe thread
     (:class:`AdmissionProbe`), which publishes the threshold as a plain
@@ -388,7 +399,7 @@ class AdaptivePolicy:
         self._refs = 0
         self._probe: AdmissionProbe | None = None
 
-    # -- scheduler thread ------------------------------------------------------------
+    # -- scheduler thread (admit), I/O threads (seen) ---------------------------------
     def admit(self, keys: list[bytes]) -> list[int] | None:
         admitted = self.sketch.offer(keys, self.threshold if self.signal.full else 1,
                                      self.sample_limit, self._samples)
@@ -403,8 +414,8 @@ class AdaptivePolicy:
     def update(self) -> None:
         """Run the sampled sightings through the miniatures; choose the threshold."""
         cap = max(1, self.signal.blocks * self.sample_limit // 256)
-        # Take the list, leave a new one. The scheduler thread may still append
-        # to the old one if it read the attribute just before: the loop's
+        # Take the list, leave a new one. Another thread may still append to
+        # the old one if it read the attribute just before: the loop's
         # range is fixed at its start, so those few sightings go unsampled.
         flat, self._samples = self._samples, []
         for i in range(0, len(flat) - 1, 2):

@@ -160,6 +160,7 @@ class KVStoreTier(SecondaryTierManager):
         self._ctx = TransferContext(
             self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
             self.locality, ledger.events is not None, ledger.warn,
+            self._admission.seen if self._admission is not None else None,
         )
         self._pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
                                          tuning.header_align, cipher)
@@ -374,13 +375,12 @@ class KVStoreTier(SecondaryTierManager):
         if not is_load and self._presence.holds_any(keys):
             keys, cids = self._drop_present(keys, cids)
         admission = self._admission
-        if admission is not None:  # one call per job (kvstore_tiers.admission)
-            if is_load:
-                admission.seen(keys)
-            else:
-                admitted = admission.admit(keys)
-                if admitted is not None:  # some not admitted: not stored, not indexed
-                    keys, cids = select(keys, cids, admitted)
+        # One call per store job (kvstore_tiers.admission); a load's blocks
+        # are counted as sightings by the I/O thread that runs it (Job.run).
+        if admission is not None and not is_load:
+            admitted = admission.admit(keys)
+            if admitted is not None:  # some not admitted: not stored, not indexed
+                keys, cids = select(keys, cids, admitted)
         if not keys:
             self._ready.append(_nothing_stored(tj.job_id))
             return

@@ -104,6 +104,10 @@ class TransferContext:
     locality: Locality
     emit_events: bool  # build a kv event for every successful store
     warn: RateLimitedLogger
+    #: Counts a load's blocks as admission sightings (the policy's ``seen``;
+    #: None with ``admission: always``), called by the I/O thread that runs
+    #: the load's first batch, so vLLM's scheduler thread never pays for it.
+    load_sightings: Callable[[list[bytes]], None] | None = None
     #: Per-I/O-thread bounce buffers of deadlined loads (``.buf``).
     bounce: threading.local = field(default_factory=threading.local)
 
@@ -163,6 +167,10 @@ class Job(PoolJob):
         self.stored_bytes = [0] * n
 
     def run(self, codec: FrameCodec, start: int, stop: int) -> None:
+        if start == 0 and self.is_load and self.ctx.load_sightings is not None:
+            # Best effort: a sighting not counted only delays an admission.
+            with contextlib.suppress(Exception):
+                self.ctx.load_sightings(list(self.keys))
         run_slots(self, codec, start, stop)
 
     def cancel(self, start: int, stop: int) -> None:
