@@ -1,7 +1,7 @@
 """Build script for the two compiled parts: the fs tier's GIL-free per-batch
 file calls (``kvstore_tiers/backends/fs/_fsio.c``: read_files, exists_files,
 publish_file, publish_files) and the admission sketch's per-key counter
-updates (``kvstore_tiers/_sketch.c``: offer, increment, estimate, sample).
+updates (``kvstore_tiers/_sketch.c``: offer, increment, estimate).
 
 Everything else is declared in pyproject.toml. The extensions are optional:
 where they cannot be compiled (no C compiler, a platform without ``readv``)
