@@ -280,18 +280,7 @@ static PyObject *estimate(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromLong(m);
 }
 
-/* halve(table) -> None: halve every counter (the sketch's ageing), in place. */
-static PyObject *halve(PyObject *self, PyObject *table) {
-    Py_buffer buf;
-    if (PyObject_GetBuffer(table, &buf, PyBUF_WRITABLE) < 0) return NULL;
-    unsigned char *p = (unsigned char *)buf.buf;
-    for (Py_ssize_t i = 0; i < buf.len; i++) p[i] >>= 1;
-    PyBuffer_Release(&buf);
-    Py_RETURN_NONE;
-}
-
 static PyMethodDef methods[] = {
-    {"halve", (PyCFunction)halve, METH_O, "halve(table) -> None"},
     {"offer", (PyCFunction)(void (*)(void))offer, METH_FASTCALL,
      "offer(table, keys, mask, threshold[, limit, samples]) -> None | list[int]"},
     {"increment", (PyCFunction)(void (*)(void))increment, METH_FASTCALL,

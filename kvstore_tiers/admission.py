@@ -24,11 +24,8 @@ otherwise; a test checks both agree.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import mmap
 import os
-import sys
 import threading
 import weakref
 from collections import OrderedDict
@@ -37,16 +34,13 @@ from typing import Protocol
 
 logger = logging.getLogger(__name__)
 
-#: The sketch's counters: a bytearray, or a view of huge-page memory (counter_table).
-Table = bytearray | memoryview
-
 #: Counters per key (one per quarter of its 64-byte block; the estimate is their minimum).
 ROWS = 4
 #: The shortest OffloadKey: a 16-byte block hash (xxhash) and a 4-byte group index.
 MIN_KEY = 20
 #: Counters saturate here (4 bits' worth; ageing halves them).
 MAX_COUNT = 15
-#: translate() table that halves every counter (the Python twin's ageing pass).
+#: translate() table that halves every counter: the whole ageing pass in C.
 _HALVE = bytes(i >> 1 for i in range(256))
 
 
@@ -76,7 +70,7 @@ def _row_slots(key: bytes, width: int) -> list[int]:
     return [block + 16 * r + ((bits >> (4 * r)) & 15) for r in range(ROWS)]
 
 
-def _bump_py(table: Table, mask: int, key: bytes) -> int:
+def _bump_py(table: bytearray, mask: int, key: bytes) -> int:
     slots = _row_slots(key, mask + 1)
     m = min(table[s] for s in slots)
     if m >= MAX_COUNT:
@@ -100,7 +94,7 @@ def _sample_py(key: bytes, count: int, limit: int, samples: list[bytes | int] | 
         samples += (key, count)
 
 
-def _offer_py(table: Table, keys: list[bytes], mask: int, threshold: int,
+def _offer_py(table: bytearray, keys: list[bytes], mask: int, threshold: int,
               limit: int = 0, samples: list[bytes | int] | None = None) -> list[int] | None:
     """Python twin of ``_sketch.offer``: count a sighting of every key; None if
     every estimate reached ``threshold``, else the indices of those that did.
@@ -114,66 +108,31 @@ def _offer_py(table: Table, keys: list[bytes], mask: int, threshold: int,
     return [i for i, e in enumerate(estimates) if e >= threshold]
 
 
-def _increment_py(table: Table, keys: list[bytes], mask: int, limit: int = 0,
+def _increment_py(table: bytearray, keys: list[bytes], mask: int, limit: int = 0,
                   samples: list[bytes | int] | None = None) -> None:
     """Python twin of ``_sketch.increment``: count (and sample) a sighting of every key."""
     for k in keys:
         _sample_py(k, _bump_py(table, mask, k), limit, samples)
 
 
-def _halve_py(table: Table) -> None:
-    """Python twin of ``_sketch.halve``: halve every counter, in place."""
-    table[:] = bytes(table).translate(_HALVE)
-
-
-def _estimate_py(table: Table, key: bytes, mask: int) -> int:
+def _estimate_py(table: bytearray, key: bytes, mask: int) -> int:
     """Python twin of ``_sketch.estimate``: the minimum of ``key``'s counters."""
     return min(table[s] for s in _row_slots(key, mask + 1))
 
 
 _offer: Callable[..., list[int] | None] = _offer_py
 _increment: Callable[..., None] = _increment_py
-_estimate: Callable[[Table, bytes, int], int] = _estimate_py
-_halve: Callable[[Table], None] = _halve_py
+_estimate: Callable[[bytearray, bytes, int], int] = _estimate_py
 if os.environ.get("KVSTORE_TIERS_NATIVE_SKETCH", "1") != "0":
     try:  # not compiled here: the Python twins
         from kvstore_tiers._sketch import (  # type: ignore[no-redef]
             estimate as _estimate,
         )
-        from kvstore_tiers._sketch import halve as _halve  # type: ignore[no-redef]
         from kvstore_tiers._sketch import increment as _increment  # type: ignore[no-redef]
         from kvstore_tiers._sketch import offer as _offer  # type: ignore[no-redef]
     except ImportError:
         pass
 NATIVE = _offer is not _offer_py
-
-#: A transparent huge page on x86-64 and most arm64 Linux kernels.
-HUGE_PAGE = 2 << 20
-
-
-def counter_table(nbytes: int) -> Table:
-    """``nbytes`` zeroed counters, in transparent huge pages where Linux gives them.
-
-    A job's keys land on random cache lines of the table, and vLLM's KV bytes
-    streaming through the I/O threads evict it from the caches between jobs:
-    each key then costs a cache miss and, over 4 KiB pages, a TLB miss too.
-    In a huge page (private anonymous memory aligned to 2 MiB,
-    ``madvise(MADV_HUGEPAGE)``; granted when the kernel's
-    ``transparent_hugepage`` setting is ``always`` or ``madvise``) the whole
-    table is one or a few TLB entries. A table under 2 MiB still occupies a
-    whole huge page. Elsewhere, or if the mapping fails: a ``bytearray``.
-    """
-    if sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE"):
-        try:
-            span = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
-            region = mmap.mmap(-1, span + HUGE_PAGE,  # room to align the start
-                               flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-            region.madvise(mmap.MADV_HUGEPAGE)
-            start = -ctypes.addressof(ctypes.c_char.from_buffer(region)) % HUGE_PAGE
-            return memoryview(region)[start:start + nbytes]
-        except (OSError, ValueError, AttributeError):
-            pass
-    return bytearray(nbytes)
 
 
 class FrequencySketch:
@@ -212,7 +171,7 @@ class FrequencySketch:
             raise ValueError("sketch width must be a power of two >= 16")
         self.width = width
         self.mask = width - 1
-        self.table = counter_table(ROWS * width)
+        self.table = bytearray(ROWS * width)
         self.period = period if period is not None else width
         self.additions = 0
         self.agings = 0
@@ -220,7 +179,6 @@ class FrequencySketch:
         self._offer = _offer if native else _offer_py
         self._increment = _increment if native else _increment_py
         self._estimate = _estimate if native else _estimate_py
-        self._halve = _halve if native else _halve_py
 
     @property
     def nbytes(self) -> int:
@@ -264,7 +222,7 @@ class FrequencySketch:
         with self._age_lock:
             if self.additions < self.period:  # another thread has just aged it
                 return
-            self._halve(self.table)
+            self.table[:] = self.table.translate(_HALVE)
             self.additions //= 2
             self.agings += 1
 

@@ -325,16 +325,3 @@ def test_a_full_samples_list_takes_no_more() -> None:
     native_mod.increment(t, keys, m, 16, full)
     admission._increment_py(t, keys, m, 16, full)
     assert len(full) == admission.SAMPLES_MAX
-
-
-def test_halve_twins_agree_and_the_table_is_zeroed_and_writable() -> None:
-    native_mod = pytest.importorskip("kvstore_tiers._sketch")
-    tables = [admission.counter_table(1 << 12), bytearray(1 << 12)]
-    assert all(len(t) == 1 << 12 and not any(t) for t in tables)
-    rng = random.Random(18)
-    values = bytes(rng.randrange(16) for _ in range(1 << 12))
-    for t in tables:
-        t[:] = values
-    native_mod.halve(tables[0])
-    admission._halve_py(tables[1])
-    assert bytes(tables[0]) == bytes(tables[1]) == bytes(v >> 1 for v in values)
