@@ -1,8 +1,9 @@
 /* The frequency sketch's per-key work, compiled: kvstore_tiers/admission.py.
  *
- * Called once per store or load job on vLLM's scheduler thread; the Python
- * twins in admission.py (_offer_py, _increment_py, _estimate_py)
- * do exactly the same and a test checks that both agree, key by key.
+ * Called once per store job on vLLM's scheduler thread and once per load job
+ * on the I/O thread that runs it. The Python twins in admission.py
+ * (_offer_py, _increment_py, _estimate_py) do exactly the same and
+ * a test checks that both agree, key by key.
  *
  * Table: 4 * width one-byte counters in a bytearray (width a power of two
  * >= 16), as width / 16 blocks of 64 bytes, one cache line each. A key's four
@@ -184,9 +185,19 @@ static int sample(const Sampling *sm, PyObject *key, int count) {
         return 0;
     PyObject *c = PyLong_FromLong(count);
     if (c == NULL) return -1;
-    int rc = (PyList_Append(sm->samples, key) < 0 || PyList_Append(sm->samples, c) < 0) ? -1 : 0;
+    if (PyList_Append(sm->samples, key) < 0) {
+        Py_DECREF(c);
+        return -1;
+    }
+    if (PyList_Append(sm->samples, c) < 0) {
+        /* Take the key back out: the list stays [key, count, ...] pairs. */
+        Py_ssize_t n = PyList_GET_SIZE(sm->samples);
+        PyList_SetSlice(sm->samples, n - 1, n, NULL);
+        Py_DECREF(c);
+        return -1;
+    }
     Py_DECREF(c);
-    return rc;
+    return 0;
 }
 
 /* offer(table, keys, mask, threshold[, limit, samples]) -> None | list[int]

@@ -158,12 +158,15 @@ class FrequencySketch:
 
     Two threads count: vLLM's scheduler thread offers a store job's keys
     (:meth:`offer`), the I/O thread that runs a load counts its keys
-    (:meth:`increment`). Each count is one C call under the GIL, so no
-    counter is torn; ageing is under a lock, so two threads crossing the
-    period at once halve the table once. (A halving that lands between
-    another thread's read and write of ``additions`` can lose a few
-    sightings: harmless for an estimate.) The adaptive policy's probe
-    thread reads only the samples.
+    (:meth:`increment`). With the C kernels each count is one call under
+    the GIL, so no counter is torn. Ageing is under a lock and checks the
+    period again, so two threads crossing it at once halve the table once.
+    The count of additions is updated outside the lock (one lock less per
+    job on the scheduler thread): where ``+=`` can be interrupted (CPython
+    before 3.11), a rare interleaving loses a few additions or ages the
+    table once more, and a halving may overwrite a count made during it;
+    each only shifts an estimate by a sighting or delays an admission. The
+    adaptive policy's probe thread reads only the samples.
     """
 
     def __init__(self, width: int, period: int | None = None, native: bool = True) -> None:

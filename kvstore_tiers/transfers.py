@@ -167,11 +167,15 @@ class Job(PoolJob):
         self.stored_bytes = [0] * n
 
     def run(self, codec: FrameCodec, start: int, stop: int) -> None:
-        if start == 0 and self.is_load and self.ctx.load_sightings is not None:
-            # Best effort: a sighting not counted only delays an admission.
-            with contextlib.suppress(Exception):
-                self.ctx.load_sightings(list(self.keys))
         run_slots(self, codec, start, stop)
+        if start == 0 and self.is_load and self.ctx.load_sightings is not None:
+            # After the batch's reads, which the request waits for. Best
+            # effort: a sighting not counted only delays an admission.
+            try:
+                self.ctx.load_sightings(list(self.keys))
+            except Exception as exc:
+                self.ctx.warn.warning("sightings", "kvstore tier %s: counting a load's "
+                                      "admission sightings failed: %r", self.ctx.label, exc)
 
     def cancel(self, start: int, stop: int) -> None:
         err = Cancelled("cancelled before it started (drain or shutdown)")

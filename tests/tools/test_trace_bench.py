@@ -114,6 +114,9 @@ def test_design_replay_counts_where_first_sight_writes_pay() -> None:
     fs = trace_design.first_sight_sources(TINY, 3)
     assert (fs["first_sight_writes"], fs["useful"], fs["hits_served"]) == (5, 2, 4)
     assert sum(b["writes"] for b in fs["distance_from_end"].values()) == 5
+    # A first copy evicted unread is not useful, whatever later copies serve.
+    fs = trace_design.first_sight_sources([_req([7]), _req([8]), _req([7]), _req([7])], 1)
+    assert (fs["first_sight_writes"], fs["useful"], fs["hits_served"]) == (2, 0, 0)
     out = trace_design.run(TINY, percents=(60.0, 100.0))
     assert [row["capacity_blocks"] for row in out["rows"]] == [3, 5]
     assert "| 100 % | 0.545 / 5 |" in trace_design.markdown(out)
