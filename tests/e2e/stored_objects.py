@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from kvstore_tiers.namespace import key_from_object_name
 from tests.servers import FAKE_KEY_ID, FAKE_SECRET, RedisServer
 
 SUFFIX = ".kvf"
@@ -50,7 +51,9 @@ class StoredObjects(ABC):
         """Stored KV objects per KV cache group."""
         out: dict[int, int] = {}
         for name in self.names(where):
-            group = int(name.removesuffix(SUFFIX).rsplit("_g", 1)[1])
+            key = key_from_object_name(name)
+            assert key is not None, name
+            group = int.from_bytes(key[-4:], "big")
             out[group] = out.get(group, 0) + 1
         return out
 
