@@ -305,11 +305,12 @@ class FrameCodec:
         self._codecs.decode_into(codec, plain, dest)
 
     @staticmethod
-    def verify(header: FrameHeader, dest: memoryview) -> None:
-        """Raise ObjectCorrupt unless ``dest`` matches the header's checksum."""
+    def verify(header: FrameHeader, dest: memoryview, dest_checksum: int | None = None) -> None:
+        """Raise ObjectCorrupt unless ``dest`` (whose CRC-32C, if the caller
+        computed it, is ``dest_checksum``) matches the header's checksum."""
         if header.encrypted:  # only reached through a raw fast path: never valid
             raise ObjectCorrupt("encrypted frame on a raw read path")
-        if checksum(dest) != header.checksum:
+        if (checksum(dest) if dest_checksum is None else dest_checksum) != header.checksum:
             raise ObjectCorrupt("checksum mismatch")
 
 
@@ -340,13 +341,17 @@ class FrameReceiver:
         #: True when the payload lands in ``dest`` as is (raw, unencrypted).
         self.direct = direct
 
-    def finish(self) -> None:
+    def finish(self, dest_checksum: int | None = None) -> None:
         """Verify (raw) or decode (compressed, encrypted) the received payload into the row.
 
-        Raises :class:`ObjectCorrupt` on any mismatch; ``dest`` must then not be used.
+        ``dest_checksum``: the CRC-32C of the whole of ``dest`` as it now is,
+        computed by the reader in the same GIL-free call that filled it (raw
+        payloads only); it is compared with the header's in place of
+        computing it again. Raises :class:`ObjectCorrupt` on any mismatch;
+        ``dest`` must then not be used.
         """
         if self.direct:
-            self._codec.verify(self.header, self.dest)
+            self._codec.verify(self.header, self.dest, dest_checksum)
         else:
             self._codec.decode_payload_into(self.header, self.payload, self.dest)
 

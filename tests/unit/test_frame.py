@@ -127,6 +127,26 @@ def test_receive_rejects_before_touching_the_row() -> None:
         rx.finish()
 
 
+def test_a_raw_payload_checksummed_by_its_reader_is_compared_not_recomputed() -> None:
+    """finish(dest_checksum): the reader's CRC-32C of the row (the fs tier's
+    GIL-free read) decides; a wrong one is ObjectCorrupt even over right bytes,
+    so a row is accepted only on the checksum of what was read into it."""
+    import crc32c
+
+    frame, raw = _frame()
+    codec = FrameCodec(NS, CodecId.NONE)
+    for given, ok in ((crc32c.crc32c(raw), True), (crc32c.crc32c(raw) ^ 1, False)):
+        dest = memoryview(bytearray(len(raw)))
+        rx = codec.receive(KEY, frame[:200], len(frame), dest)
+        rx.remaining[:] = frame[200:]
+        if ok:
+            rx.finish(given)
+            assert bytes(dest) == raw
+        else:
+            with pytest.raises(ObjectCorrupt, match="checksum"):
+                rx.finish(given)
+
+
 def test_created_ms_of_a_non_frame_is_none() -> None:
     from kvstore_tiers.frame import created_ms
 

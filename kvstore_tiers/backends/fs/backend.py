@@ -299,7 +299,8 @@ class FileSystemBackend(Backend):
     def load_many(self, items: Sequence[LoadItem], codec: FrameCodec
                   ) -> list[int | BaseException]:
         """Read every item's file with one GIL-free call (:func:`fileio.read_files`),
-        then finish each frame; per item the frame's size or its error."""
+        which also checksums each row it filled, then finish each frame; per
+        item the frame's size or its error."""
         pages = self._pages.read_pages(len(items))
         batch: list[fileio.ReadItem] = []
         for item, (hdr, overflow) in zip(items, pages, strict=False):
@@ -311,10 +312,10 @@ class FileSystemBackend(Backend):
             # the GIL); only a file that fills it needs one.
             direct = self.use_o_direct and len(item.dest) % PAGE == 0
             batch.append((self.path(item.name), [hdr, item.dest, overflow],
-                          O_DIRECT if direct else 0))
+                          O_DIRECT if direct else 0, 1))
         out: list[int | BaseException] = []
-        for item, (path, parts, _flags), res in zip(items, batch, fileio.read_files(batch),
-                                                    strict=True):
+        for item, (path, parts, *_), res in zip(items, batch, fileio.read_files(batch),
+                                                strict=True):
             try:
                 if isinstance(res, OSError):
                     raise _classify_oserror(res, path) from res
@@ -324,20 +325,22 @@ class FileSystemBackend(Backend):
         return out
 
     def _place(self, item: LoadItem, codec: FrameCodec, path: str, hdr: memoryview,
-               read: tuple[int, int]) -> int:
+               read: fileio.ReadResult) -> int:
         """Finish one file read with its first page into ``hdr`` and the next
         ``len(item.dest)`` bytes into the row (``read`` = bytes read, file
-        size): the frame's checks and decode are :meth:`FrameCodec.receive`'s;
-        a raw payload at a page is already in place, anything else is read
+        size, the row's CRC-32C or None): the frame's checks and decode are
+        :meth:`FrameCodec.receive`'s; a raw payload at a page is already in
+        place (and its checksum computed by the read), anything else is read
         from where the receiver says. Returns the file's size; raises
         ObjectCorrupt for anything but our frame of this key."""
-        n, size = read
+        n, size, *crc = read
         rx = codec.receive(item.key, hdr[: min(n, PAGE)], size, item.dest)
-        if not (rx.direct and rx.header.header_len == PAGE and n == PAGE + len(item.dest)):
+        in_place = rx.direct and rx.header.header_len == PAGE and n == PAGE + len(item.dest)
+        if not in_place:
             # Not a raw payload the vectored read put in place (compressed,
             # encrypted, another header length, a short read): read the rest.
             self._pread_into(path, rx.remaining, rx.offset)
-        rx.finish()
+        rx.finish(crc[0] if in_place and crc else None)
         self._mark_used(path)
         return size
 

@@ -16,7 +16,13 @@
   OSError: for each (path, buffers, flags), open, one vectored read from
   offset 0, close; the size is the byte count when the read stopped short of
   filling ``buffers`` (it met end of file), else an ``fstat``'s. Errors are
-  returned rather than raised. A load batch is one call.
+  returned rather than raised. A load batch is one call. An item (path,
+  buffers, flags, crc_of) also gets the CRC-32C of ``buffers[crc_of]`` once
+  the read filled it: (n, size, crc), crc None where it was not computed
+  (a short read, a CPU without the instruction, the Python twin), so the
+  caller checksums it itself. The crc32c package releases and re-takes the
+  GIL for every block; computed here, a load batch's checksums cost no
+  re-take.
 * :func:`exists_files` (paths) -> per path, whether it exists (as
   ``os.path.exists``): an async lookup's batch is one call.
 
@@ -56,16 +62,21 @@ __all__ = [
 Buffer = Any  # bytes-like (a memoryview of a primary row, bytes, mmap)
 #: One file for :func:`publish_files`: (tmp, path, buffers, flags).
 PublishItem = tuple[str, str, Sequence[Buffer], int]
-#: One file for :func:`read_files`: (path, buffers, flags).
-ReadItem = tuple[str, Sequence[Buffer], int]
+#: One file for :func:`read_files`: (path, buffers, flags[, crc_of]).
+ReadItem = tuple[str, Sequence[Buffer], int] | tuple[str, Sequence[Buffer], int, int]
+#: What :func:`read_files` gives per item: (n, size), or (n, size, crc) with ``crc_of``.
+ReadResult = tuple[int, int] | tuple[int, int, int | None]
 
 
-def read_file_py(path: str, buffers: Sequence[Buffer], flags: int) -> tuple[int, int]:
-    """One file of :func:`read_files_py`: (bytes read, file size); raises OSError."""
+def read_file_py(path: str, buffers: Sequence[Buffer], flags: int, crc_of: int = -1
+                 ) -> ReadResult:
+    """One file of :func:`read_files_py`: (bytes read, file size), with ``crc_of``
+    (n, size, None) -- the twin leaves the checksum to the caller; raises OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     try:
         n = os.readv(fd, buffers)
-        return n, (os.fstat(fd).st_size if n == sum(len(b) for b in buffers) else n)
+        size = os.fstat(fd).st_size if n == sum(len(b) for b in buffers) else n
+        return (n, size) if crc_of < 0 else (n, size, None)
     except OSError as exc:
         exc.filename = path  # an fd's error names the file, as the compiled call's does
         raise
@@ -126,17 +137,20 @@ MAX_ITEMS = 64
 
 
 def _run_items(items: Sequence[tuple[Any, ...]], one: Callable[..., Any],
-               writable: bool) -> list[Any]:
+               buffers_at: int, writable: bool) -> list[Any]:
     """The Python twin of ``_fsio.c``'s ``run_items``: refuse a bad batch (too
-    many items, a non-buffer, a read-only buffer to read into) before touching
-    any file, then ``one(*item)`` per item, its OSError returned in its place."""
+    many items, a non-buffer, a read-only buffer to read into, a ``crc_of``
+    past the buffers) before touching any file, then ``one(*item)`` per item,
+    its OSError returned in its place."""
     if len(items) > MAX_ITEMS:
         raise ValueError(f"takes at most {MAX_ITEMS} items")
     for item in items:
-        for b in item[-2]:  # every item's buffers come just before its flags
+        for b in item[buffers_at]:
             with memoryview(b) as view:
                 if writable and view.readonly:
                     raise BufferError("buffers must be writable")
+        if writable and len(item) > 3 and item[3] >= len(item[buffers_at]):
+            raise ValueError("crc_of is not one of the item's buffers")
     out: list[Any] = []
     for item in items:
         try:
@@ -148,12 +162,12 @@ def _run_items(items: Sequence[tuple[Any, ...]], one: Callable[..., Any],
 
 def publish_files_py(items: Sequence[PublishItem]) -> list[int | OSError]:
     """Pure-Python :func:`publish_files`."""
-    return _run_items(items, publish_file_py, writable=False)
+    return _run_items(items, publish_file_py, buffers_at=2, writable=False)
 
 
-def read_files_py(items: Sequence[ReadItem]) -> list[tuple[int, int] | OSError]:
+def read_files_py(items: Sequence[ReadItem]) -> list[ReadResult | OSError]:
     """Pure-Python :func:`read_files`."""
-    return _run_items(items, read_file_py, writable=True)
+    return _run_items(items, read_file_py, buffers_at=1, writable=True)
 
 
 def exists_files_py(paths: Sequence[str]) -> list[bool]:
@@ -163,7 +177,7 @@ def exists_files_py(paths: Sequence[str]) -> list[bool]:
 
 publish_file: Callable[[str, str, Sequence[Buffer], int], int] = publish_file_py
 publish_files: Callable[[Sequence[PublishItem]], list[int | OSError]] = publish_files_py
-read_files: Callable[[Sequence[ReadItem]], list[tuple[int, int] | OSError]] = read_files_py
+read_files: Callable[[Sequence[ReadItem]], list[ReadResult | OSError]] = read_files_py
 exists_files: Callable[[Sequence[str]], list[bool]] = exists_files_py
 if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
     with contextlib.suppress(ImportError):  # not compiled here: the Python set

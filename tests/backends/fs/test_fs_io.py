@@ -131,6 +131,40 @@ def test_read_files_o_direct_into_aligned_pages(io, tmp_path: Path) -> None:
     assert [bytes(b[: len(d)]) for b, d in zip(bufs, data, strict=True)] == data
 
 
+def test_read_files_checksums_the_buffer_it_was_asked_for_once_filled(tmp_path: Path) -> None:
+    """crc_of: the CRC-32C of that buffer, equal to the crc32c package's (the
+    frame's checksum) at every length and alignment, None where the read
+    stopped short of the buffer's end; the Python twin leaves it to the caller."""
+    crc32c = pytest.importorskip("crc32c")
+    from kvstore_tiers.backends.fs import _fsio
+
+    if not _fsio.CRC32C_INSN:
+        pytest.skip("no CRC-32C instruction on this CPU: the frame checksums instead")
+    path = tmp_path / "f"
+    for n in (0, 1, 7, 8, 9, 63, 4096, 100_003):
+        for skip in (0, 1, 3, 8):
+            data = os.urandom(skip + n)
+            path.write_bytes(data)
+            head, body = bytearray(skip), bytearray(n)
+            bufs = [head, body] if skip else [body]
+            (res,) = _fsio.read_files([(str(path), bufs, 0, len(bufs) - 1)])
+            assert res == (skip + n, skip + n, crc32c.crc32c(data[skip:])), (n, skip)
+    path.write_bytes(b"x" * 100)
+    rows = [bytearray(10), bytearray(200)]
+    assert _fsio.read_files([(str(path), rows, 0, 0), (str(path), rows, 0, 1),
+                             (str(path), rows, 0)]) == [
+        (100, 100, crc32c.crc32c(b"x" * 10)), (100, 100, None), (100, 100)]
+    assert fileio.read_files_py([(str(path), [bytearray(10)], 0, 0)]) == [(10, 100, None)]
+
+
+def test_read_files_refuses_a_crc_of_past_the_buffers(io, tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"abc")
+    first = bytearray(3)
+    with pytest.raises(ValueError):
+        io.read_files([(str(tmp_path / "a"), [first], 0), (str(tmp_path / "a"), [first], 0, 1)])
+    assert first == bytearray(3)
+
+
 # -- exists_files ------------------------------------------------------------------
 def test_exists_files_answers_each_path_in_order(io, tmp_path: Path) -> None:
     (tmp_path / "obj").write_bytes(b"x")
