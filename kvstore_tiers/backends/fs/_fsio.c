@@ -68,24 +68,22 @@
 /* CRC-32C (Castagnoli, the frame's checksum; crc32c.crc32c(data) of the
  * package frame.py uses) with the CPU's instruction: SSE 4.2 on x86-64 (checked
  * at import), the CRC extension on AArch64 (at compile time). Elsewhere
- * crc_insn is 0 and no checksum is computed here. */
+ * crc_insn is 0 and no checksum is computed here. Each architecture gives
+ * its byte and 8-byte steps; the loop over a buffer is one. */
 static int crc_insn;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("sse4.2"))) static uint32_t
-crc32c_of(const unsigned char *p, size_t n)
+#define HAVE_CRC_INSN 1
+#define CRC_TARGET __attribute__((target("sse4.2")))
+CRC_TARGET static inline uint32_t
+crc_step8(uint32_t c, unsigned char b)
 {
-    uint64_t c = 0xFFFFFFFFu;
-    for (; n && ((uintptr_t)p & 7); n--)
-        c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
-    for (; n >= 8; n -= 8, p += 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        c = __builtin_ia32_crc32di(c, v);
-    }
-    for (; n; n--)
-        c = __builtin_ia32_crc32qi((uint32_t)c, *p++);
-    return ~(uint32_t)c;
+    return __builtin_ia32_crc32qi(c, b);
+}
+CRC_TARGET static inline uint32_t
+crc_step64(uint32_t c, uint64_t v)
+{
+    return (uint32_t)__builtin_ia32_crc32di(c, v);
 }
 static int
 crc_insn_present(void)
@@ -95,20 +93,17 @@ crc_insn_present(void)
 }
 #elif defined(__aarch64__) && defined(__ARM_FEATURE_CRC32)
 #include <arm_acle.h>
-static uint32_t
-crc32c_of(const unsigned char *p, size_t n)
+#define HAVE_CRC_INSN 1
+#define CRC_TARGET
+static inline uint32_t
+crc_step8(uint32_t c, unsigned char b)
 {
-    uint32_t c = 0xFFFFFFFFu;
-    for (; n && ((uintptr_t)p & 7); n--)
-        c = __crc32cb(c, *p++);
-    for (; n >= 8; n -= 8, p += 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        c = __crc32cd(c, v);
-    }
-    for (; n; n--)
-        c = __crc32cb(c, *p++);
-    return ~c;
+    return __crc32cb(c, b);
+}
+static inline uint32_t
+crc_step64(uint32_t c, uint64_t v)
+{
+    return __crc32cd(c, v);
 }
 static int
 crc_insn_present(void)
@@ -116,17 +111,36 @@ crc_insn_present(void)
     return 1;
 }
 #else
+static int
+crc_insn_present(void)
+{
+    return 0;
+}
+#endif
+
+#ifdef HAVE_CRC_INSN
+CRC_TARGET static uint32_t
+crc32c_of(const unsigned char *p, size_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+    for (; n && ((uintptr_t)p & 7); n--)
+        c = crc_step8(c, *p++);
+    for (; n >= 8; n -= 8, p += 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        c = crc_step64(c, v);
+    }
+    for (; n; n--)
+        c = crc_step8(c, *p++);
+    return ~c;
+}
+#else
 static uint32_t
 crc32c_of(const unsigned char *p, size_t n)
 {
     (void)p;
     (void)n;
-    return 0;
-}
-static int
-crc_insn_present(void)
-{
-    return 0;
+    return 0; /* never called: crc_insn is 0 */
 }
 #endif
 
