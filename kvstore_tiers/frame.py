@@ -216,6 +216,14 @@ class FrameCodec:
         self.cipher = cipher
         self._codecs = CodecSet()
 
+    @property
+    def raw_payloads(self) -> bool:
+        """Whether the frames this codec writes carry the row as is (no codec, no
+        cipher). A reader of this tier's frames may then checksum a payload as it
+        lands in the row and hand the result to :meth:`FrameReceiver.finish`;
+        for any other payload such a checksum would be work for nothing."""
+        return self.codec == CodecId.NONE and self.cipher is None
+
     def encode(self, key: bytes, raw: memoryview) -> tuple[bytearray, bytes | memoryview]:
         codec, payload = self._codecs.encode(self.codec, raw)
         if self.cipher is not None:

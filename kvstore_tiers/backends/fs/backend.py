@@ -299,9 +299,11 @@ class FileSystemBackend(Backend):
     def load_many(self, items: Sequence[LoadItem], codec: FrameCodec
                   ) -> list[int | BaseException]:
         """Read every item's file with one GIL-free call (:func:`fileio.read_files`),
-        which also checksums each row it filled, then finish each frame; per
-        item the frame's size or its error."""
+        which also checksums each row it filled where this tier's frames carry
+        rows as is, then finish each frame; per item the frame's size or its
+        error."""
         pages = self._pages.read_pages(len(items))
+        crc_of = 1 if codec.raw_payloads else -1  # the row: the read's second part
         batch: list[fileio.ReadItem] = []
         for item, (hdr, overflow) in zip(items, pages, strict=False):
             # Our own frames: a page of header then, uncompressed, the row
@@ -312,7 +314,7 @@ class FileSystemBackend(Backend):
             # the GIL); only a file that fills it needs one.
             direct = self.use_o_direct and len(item.dest) % PAGE == 0
             batch.append((self.path(item.name), [hdr, item.dest, overflow],
-                          O_DIRECT if direct else 0, 1))
+                          O_DIRECT if direct else 0, crc_of))
         out: list[int | BaseException] = []
         for item, (path, parts, *_), res in zip(items, batch, fileio.read_files(batch),
                                                 strict=True):

@@ -161,6 +161,37 @@ def test_a_load_task_carries_at_most_two_mib(harness_factory, tmp_path, monkeypa
     assert np.array_equal(h.load(keys, ctx), rows)
 
 
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_a_raw_row_is_checksummed_by_its_read_and_nothing_else_is(
+    harness_factory, tmp_path, monkeypatch, compression: str
+) -> None:
+    # Raw frames: each row's CRC-32C comes from the GIL-free read call, so the
+    # crc32c package (which gives the GIL up per row) is not called. Compressed
+    # frames: the read is not asked for a checksum of bytes that are not the row.
+    from kvstore_tiers import frame
+    from kvstore_tiers.backends.fs import _fsio
+
+    if not (fileio.NATIVE and _fsio.CRC32C_INSN):
+        pytest.skip("no compiled read call with a CRC-32C instruction here")
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "compression": compression}],
+                        chunk_bytes=ROW)
+    keys, rows = make_keys(6, seed=21), rows_like(6, ROW, seed=21)
+    h.store_all(keys, rows)
+    h.forget_primary()
+    real_read, real_checksum, crc_of, checksummed = fileio.read_files, frame.checksum, [], []
+    monkeypatch.setattr(fileio, "read_files",
+                        lambda items: crc_of.extend(i[3] for i in items) or real_read(items))
+    monkeypatch.setattr(frame, "checksum",
+                        lambda data: checksummed.append(len(data)) or real_checksum(data))
+    ctx = h.new_request()
+    assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 6
+    assert np.array_equal(h.load(keys, ctx), rows)
+    if compression == "none":
+        assert crc_of == [1] * 6 and checksummed == []
+    else:
+        assert crc_of == [-1] * 6 and len(checksummed) == 6
+
+
 def test_real_kv_blocks_roundtrip_with_every_codec(
     harness_factory, tmp_path, kv_samples, io_path
 ) -> None:
