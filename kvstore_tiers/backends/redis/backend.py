@@ -70,6 +70,7 @@ from kvstore_tiers.backends.redis.client import (
     warn_eviction,
 )
 from kvstore_tiers.backends.redis.config import RedisConfig
+from kvstore_tiers.backends.redis.evictions import EvictionListener, check_notifications
 from kvstore_tiers.backends.redis.fastio import FastIO, fast_io_supported
 from kvstore_tiers.errors import ObjectMissing, TransientError, detached
 from kvstore_tiers.frame import HEADER_FIXED, FrameCodec, created_ms
@@ -102,6 +103,7 @@ class RedisBackend(Backend):
         self._warn = RateLimitedLogger(logger, interval_s=30.0)
         self._username, self._password = credentials(config)
         self._fast: FastIO | None = None  # single server with fast_io only
+        self._evictions: EvictionListener | None = None
 
     @property
     def tuning(self) -> IOTuning:
@@ -124,10 +126,36 @@ class RedisBackend(Backend):
         self.client = connect(cfg, self._username, self._password, self.describe())
         self.server = probe_server(self.client, cfg)
         warn_eviction(self.server, self.describe())
+        try:
+            follow = check_notifications(self.client, cfg.is_cluster, cfg.eviction_events,
+                                         bool(cfg.ttl_s), self.describe())
+        except Exception:
+            self.close()  # the tier is not built: nobody else would close the client
+            raise
+        if follow:
+            self._follow_evictions()
         if not cfg.is_cluster and cfg.fast_io and fast_io_supported(self.client):
             self._fast = FastIO(self.client.connection_pool, cfg.retries, backoff().compute)
 
+    def _follow_evictions(self) -> None:
+        cfg = self.config
+        db = 0 if cfg.is_cluster else self.client.connection_pool.connection_kwargs.get("db", 0)
+        events = ["evicted", "expired"] if cfg.ttl_s else ["evicted"]
+        self._evictions = EvictionListener(
+            self.client, cfg.is_cluster, [f"__keyevent@{db}__:{e}" for e in events],
+            self.prefix, self.namespace.name, self._on_removed)
+        self._evictions.start()
+
+    def _on_removed(self, keys: list[bytes]) -> None:
+        # A listener thread: the tier's presence index forgets these keys
+        # (Backend.evicted_keys), so that it stops answering HIT for them.
+        self.evicted_objects += len(keys)
+        self.evicted_keys.extend(keys)
+
     def close(self) -> None:
+        evictions, self._evictions = self._evictions, None
+        if evictions is not None:
+            evictions.stop()
         self._fast = None
         client, self.client = self.client, None
         if client is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_serializer, field_validator, model_validator
@@ -63,6 +64,11 @@ class RedisConfig(TierConfig):
     )
     pipeline_batch: int = Field(
         8, ge=1, le=256, description="Blocks per pipeline (per I/O task).",
+    )
+    eviction_events: Literal["auto", "on", "off"] = Field(
+        "auto", description="Follow the server's evicted/expired keyevents, so this "
+        "process's index stops answering HIT for blocks Redis removed: auto (when the "
+        "server publishes them), on (enable them with CONFIG SET; fail if refused), off.",
     )
     fast_io: bool = Field(
         True, description="Zero-copy SET/GET on a single server (see docs/redis.md); "
