@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 import time
@@ -102,6 +103,9 @@ from kvstore_tiers.cli._common import require_extra
 @click.option("--min-sightings", type=click.IntRange(2, 15), default=2, show_default=True,
               help="--trace: the reuse policy's admission_min_sightings (and the "
               "reference's write-on-Nth-sight).")
+@click.option("--tier-key", "tier_keys", multiple=True, metavar="KEY=VALUE",
+              help="--trace: a tier config key for every replayed tier (repeatable; VALUE "
+              "read as JSON, else as a string), e.g. eviction_events=off.")
 def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           total_mib: int | None, rounds: int | None, reload_rounds: int, directory: Path,
           samples_dir: Path | None, redis_url: str | None, s3_bucket: str | None,
@@ -109,7 +113,8 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           no_plots: bool, compare_dir: Path | None, engine: bool, pairs: int | None,
           backpressure: bool, model: str | None, single_process: bool | None,
           trace_path: Path | None, policies: tuple[str, ...], capacities: tuple[float, ...],
-          n_requests: int | None, primary_blocks: int | None, min_sightings: int) -> None:
+          n_requests: int | None, primary_blocks: int | None, min_sightings: int,
+          tier_keys: tuple[str, ...]) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
@@ -138,7 +143,8 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         _compare(compare_dir)
         return
     ctx = click.get_current_context()
-    trace_only = ("policies", "capacities", "n_requests", "primary_blocks", "min_sightings")
+    trace_only = ("policies", "capacities", "n_requests", "primary_blocks", "min_sightings",
+                  "tier_keys")
     given = [n for n in trace_only
              if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
     if trace_path is not None:
@@ -152,7 +158,8 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         if len(chunk_kib) > 1:
             raise click.UsageError("--trace takes one --chunk-kib")
         _trace(trace_path, tiers, policies, capacities, n_requests, primary_blocks,
-               min_sightings, chunk_kib, directory, samples_dir, out_dir, no_plots)
+               min_sightings, chunk_kib, directory, samples_dir, out_dir, no_plots,
+               _tier_keys(tier_keys, tiers))
         return
     if given:
         raise click.UsageError(f"{_flags(given)} only apply to --trace")
@@ -245,10 +252,31 @@ def _flags(names: list[str]) -> str:
     return ", ".join(spelled.get(n) or "--" + n.replace("_", "-") for n in names)
 
 
+def _tier_keys(pairs: tuple[str, ...], tiers: tuple[str, ...]) -> dict[str, Any]:
+    """``--tier-key KEY=VALUE`` pairs; every key must be one of every replayed tier's."""
+    from kvstore_tiers.registry import load_backend
+
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--tier-key")
+        for tier in tiers:
+            if key not in load_backend(tier).config_model.model_fields:
+                raise click.BadParameter(f"{tier} has no config key {key!r}",
+                                         param_hint="--tier-key")
+        try:
+            out[key] = json.loads(raw)
+        except ValueError:
+            out[key] = raw
+    return out
+
+
 def _trace(trace_path: Path, tiers: tuple[str, ...], policies: tuple[str, ...],
            capacities: tuple[float, ...], n_requests: int | None, primary_blocks: int | None,
            min_sightings: int, chunk_kib: tuple[int, ...], directory: Path,
-           samples_dir: Path | None, out_dir: Path, no_plots: bool) -> None:
+           samples_dir: Path | None, out_dir: Path, no_plots: bool,
+           tier_keys: dict[str, Any]) -> None:
     """``--trace``: the write-economics replay; trace.json, the table and the plot."""
     from rich.console import Console
 
@@ -260,7 +288,7 @@ def _trace(trace_path: Path, tiers: tuple[str, ...], policies: tuple[str, ...],
                            tiers=tuple(dict.fromkeys(tiers)),
                            policies=tuple(dict.fromkeys(policies)) or ("always",),
                            primary_blocks=primary_blocks, directory=directory,
-                           min_sightings=min_sightings)
+                           min_sightings=min_sightings, extra_tier_keys=tier_keys)
     if capacities:
         plan.capacities = plan.redis_capacities = tuple(sorted(set(capacities)))
     if chunk_kib:

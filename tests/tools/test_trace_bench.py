@@ -202,6 +202,15 @@ def test_redis_replay_with_maxmemory_evicts(tmp_path: Path) -> None:
     assert small["evictions"] > 0  # redis evicted_keys: maxmemory held
     assert small["keys_at_end"] < full["keys_at_end"]
     assert small["maxmemory"] < full["maxmemory"]
+    # The server publishes its evictions and the tier follows them: its index
+    # drops evicted blocks, where without the events they stay stale hits.
+    reqs = load(CONVERSATION, limit=200)
+    stale = {mode: trace.run(_plan(tmp_path, tiers=("redis",), redis_capacities=(5,),
+                                   extra_tier_keys={"eviction_events": mode}), reqs,
+                             progress=lambda m: None)["rows"][0]["stale_hits"]
+             for mode in ("off", "auto")}
+    assert stale["off"] > 20
+    assert stale["auto"] < stale["off"] / 4
 
 
 # -- the CLI ---------------------------------------------------------------------------------
@@ -225,6 +234,13 @@ def test_cli_trace_options_are_checked() -> None:
     assert r.exit_code == 2 and "one --chunk-kib" in r.output
     r = runner.invoke(main, ["bench", "--trace", __file__])
     assert r.exit_code == 2 and "not a trace request" in r.output
+    r = runner.invoke(main, ["bench", "--trace", __file__, "--tier-key", "eviction_events"])
+    assert r.exit_code == 2 and "KEY=VALUE" in r.output
+    r = runner.invoke(main, ["bench", "--trace", __file__, "--tier", "fs", "--tier-key",
+                             "eviction_events=off"])
+    assert r.exit_code == 2 and "fs has no config key 'eviction_events'" in r.output
+    r = runner.invoke(main, ["bench", "--tier-key", "compression=none"])
+    assert r.exit_code == 2 and "--tier-key only apply to --trace" in r.output
 
 
 @needs_vllm
@@ -239,6 +255,8 @@ def test_cli_trace_run_writes_the_result(tmp_path: Path) -> None:
                          for i, ids in enumerate([[1, 2, 3], [1, 2, 4], [1, 5], [1, 2, 3]])))
     r = CliRunner().invoke(main, ["bench", "--trace", str(f), "--requests", "3",
                                   "--capacity", "100", "--chunk-kib", "8", "--no-plots",
+                                  "--tier-key", "compression=none", "--tier-key",
+                                  "n_read_threads=3",
                                   "--dir", str(tmp_path / "d"), "--out", str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
     out = json.loads((tmp_path / "o/trace.json").read_text())["trace"]
@@ -248,6 +266,7 @@ def test_cli_trace_run_writes_the_result(tmp_path: Path) -> None:
     # A: 3 misses; B: 1 2 hit (from the primary or the tier), 4 written; C: 1 hit, 5 written.
     assert row["replay"]["blocks_hit"] == 3 and row["objects_written"] == 5
     assert out["chunk_bytes"] == 8192
+    assert out["tier_keys"] == {"compression": "none", "n_read_threads": 3}
 
 
 @needs_vllm

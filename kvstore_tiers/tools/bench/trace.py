@@ -318,12 +318,14 @@ def fs_object_bytes(root: Path, chunk_bytes: int, rows: np.ndarray) -> tuple[int
 
 @contextlib.contextmanager
 def redis_for_trace() -> Iterator[tuple[str, Any]]:
-    """A redis-server on a free loopback port with ``allkeys-lru``; yields (url, client)."""
+    """A redis-server on a free loopback port set up as docs/redis.md recommends
+    (``allkeys-lru``, eviction events published); yields (url, client)."""
     import redis
 
     from kvstore_tiers.tools.bench.redis_bench import redis_server
 
-    with redis_server(["--maxmemory-policy", "allkeys-lru"]) as port:
+    with redis_server(["--maxmemory-policy", "allkeys-lru",
+                       "--notify-keyspace-events", "Ee"]) as port:
         client = redis.Redis(port=port)
         try:
             yield f"redis://127.0.0.1:{port}/0", client
@@ -409,7 +411,8 @@ def run(plan: TracePlan, requests: Sequence[TraceRequest],
         "blocks_requested": sum(len(r.hash_ids) for r in requests),
         "chunk_bytes": chunk, "primary_blocks": primary, "store_piece": STORE_PIECE,
         "payload": "real bf16 KV samples" if plan.samples_dir else "random bytes",
-        "scales": SCALES, "min_sightings": plan.min_sightings})
+        "scales": SCALES, "min_sightings": plan.min_sightings,
+        "tier_keys": plan.extra_tier_keys})
     base = plan.directory.resolve() / f"trace-{uuid.uuid4().hex[:8]}"
     try:
         if "fs" in plan.tiers:
