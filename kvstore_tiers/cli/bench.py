@@ -252,6 +252,11 @@ def _flags(names: list[str]) -> str:
     return ", ".join(spelled.get(n) or "--" + n.replace("_", "-") for n in names)
 
 
+#: Tier keys the trace replay sets from its own options and servers.
+REPLAY_SET_KEYS = frozenset({"type", "url", "root_dir", "max_bytes", "bucket", "endpoint_url",
+                             "admission", "admission_min_sightings"})
+
+
 def _tier_keys(pairs: tuple[str, ...], tiers: tuple[str, ...]) -> dict[str, Any]:
     """``--tier-key KEY=VALUE`` pairs; every key must be one of every replayed tier's."""
     from kvstore_tiers.registry import load_backend
@@ -261,8 +266,15 @@ def _tier_keys(pairs: tuple[str, ...], tiers: tuple[str, ...]) -> dict[str, Any]
         key, sep, raw = pair.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"{pair!r} is not KEY=VALUE", param_hint="--tier-key")
+        if key in REPLAY_SET_KEYS:
+            raise click.BadParameter(f"the replay sets {key!r} itself (use --policy, "
+                                     "--capacity)", param_hint="--tier-key")
         for tier in tiers:
-            if key not in load_backend(tier).config_model.model_fields:
+            try:
+                fields = load_backend(tier).config_model.model_fields
+            except ImportError as exc:
+                raise click.UsageError(f"--tier {tier}: {exc}") from None
+            if key not in fields:
                 raise click.BadParameter(f"{tier} has no config key {key!r}",
                                          param_hint="--tier-key")
         try:

@@ -239,6 +239,8 @@ def test_cli_trace_options_are_checked() -> None:
     r = runner.invoke(main, ["bench", "--trace", __file__, "--tier", "fs", "--tier-key",
                              "eviction_events=off"])
     assert r.exit_code == 2 and "fs has no config key 'eviction_events'" in r.output
+    r = runner.invoke(main, ["bench", "--trace", __file__, "--tier-key", "admission=reuse"])
+    assert r.exit_code == 2 and "the replay sets 'admission' itself" in r.output
     r = runner.invoke(main, ["bench", "--tier-key", "compression=none"])
     assert r.exit_code == 2 and "--tier-key only apply to --trace" in r.output
 

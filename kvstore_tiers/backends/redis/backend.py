@@ -44,6 +44,7 @@ zero-copy single-server path in :mod:`.fastio`.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -104,6 +105,7 @@ class RedisBackend(Backend):
         self._username, self._password = credentials(config)
         self._fast: FastIO | None = None  # single server with fast_io only
         self._evictions: EvictionListener | None = None
+        self._removed_lock = threading.Lock()
 
     @property
     def tuning(self) -> IOTuning:
@@ -127,13 +129,12 @@ class RedisBackend(Backend):
         self.server = probe_server(self.client, cfg)
         warn_eviction(self.server, self.describe())
         try:
-            follow = check_notifications(self.client, cfg.is_cluster, cfg.eviction_events,
-                                         bool(cfg.ttl_s), self.describe())
+            if check_notifications(self.client, cfg.is_cluster, cfg.eviction_events,
+                                   bool(cfg.ttl_s), self.describe()):
+                self._follow_evictions()
         except Exception:
             self.close()  # the tier is not built: nobody else would close the client
             raise
-        if follow:
-            self._follow_evictions()
         if not cfg.is_cluster and cfg.fast_io and fast_io_supported(self.client):
             self._fast = FastIO(self.client.connection_pool, cfg.retries, backoff().compute)
 
@@ -147,9 +148,11 @@ class RedisBackend(Backend):
         self._evictions.start()
 
     def _on_removed(self, keys: list[bytes]) -> None:
-        # A listener thread: the tier's presence index forgets these keys
-        # (Backend.evicted_keys), so that it stops answering HIT for them.
-        self.evicted_objects += len(keys)
+        # A listener thread (one per cluster primary: the count takes a lock):
+        # the tier's presence index forgets these keys (Backend.evicted_keys),
+        # so that it stops answering HIT for them.
+        with self._removed_lock:
+            self.evicted_objects += len(keys)
         self.evicted_keys.extend(keys)
 
     def close(self) -> None:

@@ -21,7 +21,7 @@ key (:func:`check_notifications`):
 * ``auto`` (default): follow them; if the server's setting can be read and
   lacks them, log once how to enable them and follow nothing;
 * ``on``: make sure: add the missing flags with ``CONFIG SET`` (on every
-  primary); a server that refuses (CONFIG disabled, as on managed
+  node of a cluster, replicas included: a failover promotes one); a server that refuses (CONFIG disabled, as on managed
   services: set them in the service's parameters and use ``auto``) fails
   start-up naming the key;
 * ``off``: no subscription.
@@ -38,6 +38,8 @@ import logging
 import threading
 from collections.abc import Callable
 from typing import Any
+
+import redis.exceptions as rexc
 
 from kvstore_tiers.backends.redis.client import BACKOFF_BASE_S, BACKOFF_CAP_S
 from kvstore_tiers.errors import ConfigError
@@ -88,7 +90,8 @@ def check_notifications(client: Any, cluster: bool, mode: str, ttl: bool, where:
     if mode == "off":
         return False
     wanted = wanted_flags(ttl)
-    target = {"target_nodes": "primaries"} if cluster else {}
+    # Replicas too: CONFIG SET is not replicated, and a failover promotes one.
+    target = {"target_nodes": "all"} if cluster else {}
     try:
         current = _per_node(client.config_get("notify-keyspace-events", **target), cluster)
     except Exception as exc:
@@ -144,7 +147,8 @@ class EvictionListener:
         self._prefix = f"{key_prefix}{namespace}/".encode()
         self._on_keys = on_keys
         self._stop = threading.Event()
-        self._threads: dict[str, threading.Thread] = {}
+        #: node name -> (its thread, its own stop: set once it is no longer a primary)
+        self._threads: dict[str, tuple[threading.Thread, threading.Event]] = {}
         self._supervisor: threading.Thread | None = None
         self._warn = RateLimitedLogger(logger, interval_s=30.0)
 
@@ -158,12 +162,11 @@ class EvictionListener:
         self._supervisor.start()
 
     def stop(self) -> None:
-        """Stop every thread (each within :data:`POLL_S`); idempotent."""
+        """Stop every thread (each within :data:`POLL_S` of its wait); idempotent."""
         self._stop.set()
-        threads = list(self._threads.values())
         if self._supervisor is not None:
-            threads.append(self._supervisor)
-        for t in threads:
+            self._supervisor.join(timeout=POLL_S * 4)  # it starts no thread after this
+        for t, _ in list(self._threads.values()):
             if t is not threading.current_thread():
                 t.join(timeout=POLL_S * 4)
 
@@ -176,31 +179,41 @@ class EvictionListener:
                                    "for eviction events failed: %s", exc)
 
     def _refresh_nodes(self) -> None:
-        for node in self._client.get_primaries():
-            name = node.name
-            thread = self._threads.get(name)
-            if thread is None or not thread.is_alive():
+        primaries = {node.name: node for node in self._client.get_primaries()}
+        for name in [n for n in self._threads if n not in primaries]:
+            self._threads.pop(name)[1].set()  # demoted or gone: its events come from elsewhere
+        for name, node in primaries.items():
+            entry = self._threads.get(name)
+            if entry is None or not entry[0].is_alive():
                 conn = self._client.get_redis_connection(node)
                 self._follow(name, conn.pubsub)
 
     def _follow(self, name: str, make_pubsub: Callable[..., Any]) -> None:
-        thread = threading.Thread(target=self._run, args=(name, make_pubsub), daemon=True,
-                                  name=f"kvstore-redis-evictions-{name}")
-        self._threads[name] = thread
+        own = threading.Event()
+        thread = threading.Thread(target=self._run, args=(name, make_pubsub, own),
+                                  daemon=True, name=f"kvstore-redis-evictions-{name}")
+        self._threads[name] = (thread, own)
         thread.start()
 
-    def _run(self, name: str, make_pubsub: Callable[..., Any]) -> None:
+    def _run(self, name: str, make_pubsub: Callable[..., Any], own: threading.Event) -> None:
         delay = BACKOFF_BASE_S
-        while not self._stop.is_set():
+        stopped = lambda: self._stop.is_set() or own.is_set()  # noqa: E731
+        while not stopped():
             pubsub = None
             try:
                 pubsub = make_pubsub(ignore_subscribe_messages=True)
                 pubsub.subscribe(*self._channels)
                 delay = BACKOFF_BASE_S
-                while not self._stop.is_set():
+                while not stopped():
                     message = pubsub.get_message(timeout=POLL_S)
                     if message is not None and message.get("type") == "message":
                         self._received(message["data"])
+            except rexc.ResponseError as exc:
+                # Refused, not lost (an ACL user without these channels): no retry loop.
+                logger.warning("redis tier: %s refuses the eviction events' channels (%s); "
+                               "not following them (grant the user &__keyevent@* or set "
+                               "eviction_events: off)", name, exc)
+                return
             except Exception as exc:
                 self._warn.warning(f"listen-{name}", "redis tier: following eviction events "
                                    "of %s failed (%s); retrying", name, type(exc).__name__)

@@ -199,3 +199,24 @@ def test_cluster_follows_every_primary(redis_cluster: RedisCluster, harness_fact
     finally:
         for c in clients:
             c.close()
+
+
+def test_a_user_refused_the_channels_is_told_once_and_not_retried(redis_server_factory,
+                                                                  harness_factory, caplog):
+    server = redis_server_factory([*LRU, "--notify-keyspace-events", "Ee"])
+    with server.client() as admin:
+        admin.acl_setuser("kv", enabled=True, passwords=["+kv-secret-7"], keys=["~*"],
+                          commands=["+@all"], reset_channels=True)
+    with caplog.at_level(logging.WARNING, logger="kvstore_tiers"):
+        h = harness_factory([tier_cfg(server.url, username="kv", password="kv-secret-7")],
+                            num_chunks=8, chunk_bytes=4096)
+        wait_for(lambda: not any(t.is_alive() for t in backend_threads(None)),
+                 "the listener gave up")
+    assert "refuses the eviction events' channels" in caplog.text
+    assert "kv-secret-7" not in caplog.text
+    with server.client() as admin:  # one refused connection, no reconnect loop
+        time.sleep(1.0)
+        assert admin.info("stats")["total_connections_received"] < 8
+    keys = make_keys(2, seed=4)  # the tier itself works
+    h.store_all(keys, rows_like(2, 4096, seed=4))
+    assert h.tiers[0].counters.objects_stored == 2
