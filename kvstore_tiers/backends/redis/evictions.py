@@ -21,9 +21,9 @@ key (:func:`check_notifications`):
 * ``auto`` (default): follow them; if the server's setting can be read and
   lacks them, log once how to enable them and follow nothing;
 * ``on``: make sure: add the missing flags with ``CONFIG SET`` (on every
-  node of a cluster, replicas included: a failover promotes one); a server that refuses (CONFIG disabled, as on managed
-  services: set them in the service's parameters and use ``auto``) fails
-  start-up naming the key;
+  node of a cluster, replicas included: a failover promotes one); a server
+  that refuses (CONFIG disabled, as on managed services: set them in the
+  service's parameters and use ``auto``) fails start-up naming the key;
 * ``off``: no subscription.
 
 Pub/sub delivers at most once: events sent while the listener reconnects are
