@@ -113,7 +113,7 @@ def check_notifications(client: Any, cluster: bool, mode: str, ttl: bool, where:
             "load fails. Enable them with CONFIG SET notify-keyspace-events %s (or "
             "eviction_events: on).", where, "".join(sorted(set("".join(missing)))), wanted)
         return False
-    # One value for every primary: what any of them has, plus what is missing.
+    # One value for every node: what any of them has, plus what is missing.
     have = "".join(dict.fromkeys("".join(current)))
     try:
         client.config_set("notify-keyspace-events", have + missing_flags(have, wanted),
