@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-import redis
-import redis.cluster
+from redis.crc import key_slot
 
 from kvstore_tiers.health import CircuitBreaker
 from kvstore_tiers.tools.harness import make_keys
@@ -175,14 +174,20 @@ def test_stalled_replies_fail_loads_at_deadline_and_stores_then_recover(
 
 
 # -- Redis Cluster: one master killed ----------------------------------------------------------
-def _owners(cluster: RedisCluster, tier: Any, keys: list[bytes]) -> list[int]:
-    """The port of the master that holds each block's slot (asked before any kill)."""
-    client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.nodes[1].port)
-    try:
-        return [client.get_node_from_key(f"kvstore:{tier.namespace.object_name(k)}").port
-                for k in keys]
-    finally:
-        client.close()
+class _SlotOwners:
+    """Which master holds each block's slot, from ``CLUSTER SLOTS`` read once, before any
+    kill: a client opened after a master died could itself fail on the dead node."""
+
+    def __init__(self, cluster: RedisCluster, tier: Any) -> None:
+        self._tier = tier
+        self._port = [0] * 16384
+        with cluster.nodes[1].client() as c:
+            for start, end, master, *_ in c.execute_command("CLUSTER", "SLOTS"):
+                self._port[int(start):int(end) + 1] = [int(master[1])] * (end - start + 1)
+
+    def __call__(self, keys: list[bytes]) -> list[int]:
+        return [self._port[key_slot(f"kvstore:{self._tier.namespace.object_name(k)}"
+                                    .encode())] for k in keys]
 
 
 def _cluster_cfg(cluster: RedisCluster, **kw: Any) -> dict[str, Any]:
@@ -202,7 +207,7 @@ def test_shutdown_after_a_cluster_node_failure_unmaps_the_primary(
         keys = make_keys(32, seed=51)
         d.store(keys, rows_for(keys, d.row_bytes))
         down = redis_cluster.nodes[0]
-        owners = _owners(redis_cluster, d.tier, keys)
+        owners = _SlotOwners(redis_cluster, d.tier)(keys)
         assert 0 < owners.count(down.port) < len(keys)
         d.forget_primary()
         down.kill()
@@ -236,7 +241,8 @@ def test_a_dead_cluster_master_costs_only_its_own_keys(redis_cluster: RedisClust
         keys = make_keys(32, seed=52)
         d.store(keys, rows_for(keys, d.row_bytes))
         down = redis_cluster.nodes[0]
-        owners = _owners(redis_cluster, d.tier, keys)
+        owners_of = _SlotOwners(redis_cluster, d.tier)
+        owners = owners_of(keys)
         live = [p != down.port for p in owners]
         down.kill()
         d.score.fault(f"cluster_master_killed_{'breaker_off' if breaker else 'defaults'}")
@@ -246,7 +252,7 @@ def test_a_dead_cluster_master_costs_only_its_own_keys(redis_cluster: RedisClust
         for r in range(rounds):
             for j in range(6):
                 more = make_keys(8, seed=1000 + 10 * r + j)
-                more_owners = _owners(redis_cluster, d.tier, more)
+                more_owners = owners_of(more)
                 before = d.tier.counters.objects_stored
                 d.store(more, rows_for(more, d.row_bytes), expect=False)
                 stored += d.tier.counters.objects_stored - before
