@@ -38,9 +38,10 @@ object already existed), or the item's error.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -137,12 +138,22 @@ class Backend(ABC):
         self.namespace = namespace
         #: Objects this backend removed for capacity (eviction), for metrics.
         self.evicted_objects = 0
-        #: Keys of objects this backend evicted itself (fs ``max_bytes``),
-        #: appended by its threads, taken by the tier: its presence index
+        #: Keys of objects evicted by this backend (fs ``max_bytes``) or its
+        #: server (redis ``maxmemory``, ``ttl_s``), appended by its threads
+        #: through :meth:`note_evicted`, taken by the tier: its presence index
         #: forgets them instead of answering HIT for a block that is gone.
         #: Bounded: past it the oldest are dropped (those keys' next loads
         #: fail and are recomputed, as for an object another process removed).
         self.evicted_keys: deque[bytes] = deque(maxlen=EVICTED_KEYS_MAX)
+        self._evicted_lock = threading.Lock()
+
+    def note_evicted(self, objects: int, keys: Iterable[bytes]) -> None:
+        """Record ``objects`` objects the store removed for capacity (or its server
+        evicted or expired), ``keys`` the block keys among them: the count goes to
+        ``evicted_objects``, the keys to ``evicted_keys``. Safe from several threads."""
+        with self._evicted_lock:  # several threads may report (one per cluster primary)
+            self.evicted_objects += objects
+        self.evicted_keys.extend(keys)
 
     @property
     def tuning(self) -> IOTuning:

@@ -163,12 +163,8 @@ class FileSystemBackend(Backend):
     def _on_evicted(self, paths: list[str]) -> None:
         # The evictor thread: the keys go to the tier's presence index
         # (Backend.evicted_keys), so that it stops answering HIT for them.
-        self.evicted_objects += len(paths)
-        evicted = self.evicted_keys
-        for path in paths:
-            key = key_from_object_name(path)
-            if key is not None:
-                evicted.append(key)
+        self.note_evicted(len(paths), [k for k in map(key_from_object_name, paths)
+                                       if k is not None])
 
     def _temp_name(self, path: str) -> str:
         assert self.writer is not None, "open() first"

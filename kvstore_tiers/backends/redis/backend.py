@@ -44,7 +44,6 @@ zero-copy single-server path in :mod:`.fastio`.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -105,7 +104,6 @@ class RedisBackend(Backend):
         self._username, self._password = credentials(config)
         self._fast: FastIO | None = None  # single server with fast_io only
         self._evictions: EvictionListener | None = None
-        self._removed_lock = threading.Lock()
 
     @property
     def tuning(self) -> IOTuning:
@@ -144,16 +142,9 @@ class RedisBackend(Backend):
         events = ["evicted", "expired"] if cfg.ttl_s else ["evicted"]
         self._evictions = EvictionListener(
             self.client, cfg.is_cluster, [f"__keyevent@{db}__:{e}" for e in events],
-            self.prefix, self.namespace.name, self._on_removed)
+            self.prefix, self.namespace.name,
+            lambda keys: self.note_evicted(len(keys), keys))
         self._evictions.start()
-
-    def _on_removed(self, keys: list[bytes]) -> None:
-        # A listener thread (one per cluster primary: the count takes a lock):
-        # the tier's presence index forgets these keys (Backend.evicted_keys),
-        # so that it stops answering HIT for them.
-        with self._removed_lock:
-            self.evicted_objects += len(keys)
-        self.evicted_keys.extend(keys)
 
     def close(self) -> None:
         evictions, self._evictions = self._evictions, None
