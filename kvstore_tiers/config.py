@@ -93,7 +93,9 @@ class TierConfig(BaseModel):
         "unbounded, adaptive writes everything.",
     )
     enable_kv_events: bool = Field(
-        False, description="Emit BlockStored events (needs KV events enabled globally)."
+        False, description="Emit BlockStored events for stored blocks, and BlockRemoved "
+        "events for blocks the tier's capacity control or its server evicted (needs KV "
+        "events enabled globally)."
     )
     locality: Literal["LOCAL", "REMOTE"] | None = Field(
         None, description="Locality reported to vLLM; default LOCAL for fs, REMOTE otherwise."

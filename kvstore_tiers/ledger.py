@@ -30,7 +30,7 @@ import os
 import time
 from collections.abc import Collection
 
-from vllm.v1.kv_offload.base import OffloadingEvent
+from vllm.v1.kv_offload.base import Locality, Medium, OffloadingEvent
 from vllm.v1.kv_offload.tiering.base import JobResult
 
 from kvstore_tiers.config import TierConfig
@@ -41,6 +41,7 @@ from kvstore_tiers.ratelimit import RateLimitedLogger
 from kvstore_tiers.transfers import Job, Summary, expire, summarise
 
 logger = logging.getLogger("kvstore_tiers.tier")
+_ABSENT = object()
 
 
 class Ledger:
@@ -79,6 +80,18 @@ class Ledger:
         """Count ``keys`` as failed loads of request ``req_id`` and give them a MISS verdict."""
         self.counters.load_failures += len(keys)
         self._hold_verdicts(req_id, keys)
+
+    # -- evicted by the backend or its server -------------------------------------------
+    def forget_evicted(self, keys: list[bytes], medium: Medium, locality: Locality) -> None:
+        """``keys`` left the tier (its capacity control, a server's eviction or expiry):
+        the presence index forgets them, and with kv events on, one ``removed`` event
+        names those it held (blocks this process stored or found), so that a consumer
+        of the events stops counting them as stored."""
+        presence = self.presence
+        held = [k for k in keys if presence.pop(k, _ABSENT) is not _ABSENT]
+        if held and self.events is not None:
+            self.events.append(OffloadingEvent(keys=held, medium=medium, removed=True,
+                                               locality=locality))
 
     # -- MISS verdicts of failed loads (module docstring) ---------------------------------
     def is_failed(self, key: bytes, req_id: str) -> bool:

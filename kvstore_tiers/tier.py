@@ -434,9 +434,10 @@ class KVStoreTier(SecondaryTierManager):
         them (the rest wait for the next polls; until then a lookup of one of
         them answers HIT and its load fails, is counted and recomputed).
         """
-        evicted, presence = self._evicted_keys, self._presence
-        for _ in range(min(len(evicted), FORGET_PER_POLL)):
-            presence.pop(evicted.popleft(), None)
+        evicted = self._evicted_keys
+        n = min(len(evicted), FORGET_PER_POLL)
+        self._ledger.forget_evicted([evicted.popleft() for _ in range(n)], self.medium,
+                                    self.locality)
 
     def _drop_present(self, keys: Sequence[bytes], cids: list[int]
                       ) -> tuple[list[bytes], list[int]]:

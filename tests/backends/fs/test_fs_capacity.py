@@ -55,7 +55,7 @@ def test_evicted_objects_leave_the_presence_index(harness_factory, tmp_path) -> 
     from vllm.v1.kv_offload.base import LookupResult
 
     objects_cap = 20 * (ROW + 4096)
-    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path),
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "enable_kv_events": True,
                           "max_bytes": _overhead(tmp_path) + objects_cap}],
                         num_chunks=16, chunk_bytes=ROW)
     tier = h.tiers[0]
@@ -76,6 +76,12 @@ def test_evicted_objects_leave_the_presence_index(harness_factory, tmp_path) -> 
     with h.locked():
         list(tier.get_finished_jobs())  # the poll that hands the evicted keys over
         assert not tier.backend.evicted_keys
+        # kv events: every block stored, then those evicted removed (by their keys).
+        events = list(tier.take_events())
+        assert sorted(k for e in events if not e.removed for k in e.keys) == sorted(all_keys)
+        removed = [e for e in events if e.removed]
+        assert sorted(k for e in removed for k in e.keys) == sorted(evicted)
+        assert all(e.medium.value == "STORAGE" for e in removed)
         assert not any(k in tier._presence for k in evicted)
         assert all(tier.lookup(k, ctx) is LookupResult.HIT for k in kept)
         # Gone: the existence check runs (RETRY), not a HIT whose load would fail.

@@ -72,7 +72,7 @@ def test_evicted_blocks_stop_being_hits(redis_server_factory, harness_factory, m
         [*LRU, "--notify-keyspace-events", server_flags])
     with server.client() as admin:
         cap_memory(admin, 40 * ROW)
-        h = harness_factory([tier_cfg(server.url, eviction_events=mode)],
+        h = harness_factory([tier_cfg(server.url, eviction_events=mode, enable_kv_events=True)],
                             num_chunks=64, chunk_bytes=ROW)
         tier = h.tiers[0]
         keys, rows = make_keys(160, seed=5), rows_like(160, ROW, seed=5)
@@ -87,6 +87,10 @@ def test_evicted_blocks_stop_being_hits(redis_server_factory, harness_factory, m
             wait_for(lambda: tier.backend.evicted_objects == evicted,
                      "the listener heard every eviction")
         held = {k for k in keys if admin.exists(tier.backend.key(tier.namespace.object_name(k)))}
+        h.step()  # the poll that hands the heard evictions to the presence index
+        removed = {k for e in tier.take_events() if e.removed for k in e.keys}
+        # kv events: a block Redis evicted is reported removed once it is heard.
+        assert removed == (set(keys) - held if mode != "off" else set())
 
         hits, got = look_up_all(h, keys)
         # Only blocks Redis still holds are hits, and they come back byte-exact.
