@@ -52,7 +52,8 @@ class RedisConfig(TierConfig):
     )
     max_connections: int | None = Field(
         None, ge=1, le=10_000, description="Connection pool size (per node in cluster mode). "
-        "Default: n_read_threads + n_write_threads + 4.",
+        "Default: n_read_threads + n_write_threads + 4. The eviction listener "
+        "(eviction_events) holds one of them.",
     )
     socket_timeout_s: float = Field(
         5.0, gt=0, le=600, description="Timeout of one socket read/write.")
