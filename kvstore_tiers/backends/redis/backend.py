@@ -127,24 +127,28 @@ class RedisBackend(Backend):
         self.server = probe_server(self.client, cfg)
         warn_eviction(self.server, self.describe())
         try:
-            if check_notifications(self.client, cfg.is_cluster, cfg.eviction_events,
-                                   bool(cfg.ttl_s), self.describe()):
-                self._follow_evictions()
+            events = check_notifications(self.client, cfg.is_cluster, cfg.eviction_events,
+                                         bool(cfg.ttl_s), self.describe())
+            if events:
+                self._follow_evictions(events)
         except Exception:
             self.close()  # the tier is not built: nobody else would close the client
             raise
         if not cfg.is_cluster and cfg.fast_io and fast_io_supported(self.client):
             self._fast = FastIO(self.client.connection_pool, cfg.retries, backoff().compute)
 
-    def _follow_evictions(self) -> None:
+    def _follow_evictions(self, events: list[str]) -> None:
         cfg = self.config
         db = 0 if cfg.is_cluster else self.client.connection_pool.connection_kwargs.get("db", 0)
-        events = ["evicted", "expired"] if cfg.ttl_s else ["evicted"]
         self._evictions = EvictionListener(
             self.client, cfg.is_cluster, [f"__keyevent@{db}__:{e}" for e in events],
-            self.prefix, self.namespace.name,
-            lambda keys: self.note_evicted(len(keys), keys))
+            self.prefix, self.namespace.name, self._on_removed)
         self._evictions.start()
+
+    def _on_removed(self, event: str, keys: list[bytes]) -> None:
+        # A listener thread. Deleted objects (another process's gc) leave the
+        # index too, but are not evictions: they do not count in objects_evicted.
+        self.note_evicted(0 if event == "del" else len(keys), keys)
 
     def close(self) -> None:
         evictions, self._evictions = self._evictions, None

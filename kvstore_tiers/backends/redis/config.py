@@ -69,7 +69,9 @@ class RedisConfig(TierConfig):
     eviction_events: Literal["auto", "on", "off"] = Field(
         "auto", description="Follow the server's evicted/expired keyevents, so this "
         "process's index stops answering HIT for blocks Redis removed: auto (when the "
-        "server publishes them), on (enable them with CONFIG SET; fail if refused), off.",
+        "server publishes them), on (enable them with CONFIG SET; fail if refused), off. "
+        "The del keyevent (other processes' deletions) is followed too where the server "
+        "has the g flag.",
     )
     fast_io: bool = Field(
         True, description="Zero-copy SET/GET on a single server (see docs/redis.md); "

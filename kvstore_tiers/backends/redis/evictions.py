@@ -26,6 +26,12 @@ key (:func:`check_notifications`):
   service's parameters and use ``auto``) fails start-up naming the key;
 * ``off``: no subscription.
 
+With ``g`` as well (generic commands; ``A`` includes it), the listener also
+follows ``del`` (``DEL`` and ``UNLINK``): blocks another process removed
+(``kvstore-tiers gc``, a corrupt object another engine dropped) leave the
+index too. ``g`` is followed where the server has it, never added: it makes
+the server publish every ``EXPIRE`` as well (the ``ttl_s`` touches).
+
 Pub/sub delivers at most once: events sent while the listener reconnects are
 lost, and those blocks' stale hits are what happens without this module (a
 failed load, counted, recomputed). Nothing here decides bytes.
@@ -81,15 +87,18 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value or "")
 
 
-def check_notifications(client: Any, cluster: bool, mode: str, ttl: bool, where: str) -> bool:
-    """Whether to follow the server's eviction events (``eviction_events``, module doc).
+def check_notifications(client: Any, cluster: bool, mode: str, ttl: bool, where: str
+                        ) -> list[str]:
+    """The keyevents to follow (``eviction_events``, module doc): none, or ``evicted``
+    (``expired`` too with ``ttl``), and ``del`` where a node publishes generic events.
 
     Raises :class:`ConfigError` naming the key when ``mode`` is ``on`` and
     the server's setting can be neither read nor changed.
     """
     if mode == "off":
-        return False
+        return []
     wanted = wanted_flags(ttl)
+    events = ["evicted", "expired"] if ttl else ["evicted"]
     # Replicas too: CONFIG SET is not replicated, and a failover promotes one.
     target = {"target_nodes": "all"} if cluster else {}
     try:
@@ -102,17 +111,19 @@ def check_notifications(client: Any, cluster: bool, mode: str, ttl: bool, where:
                 f"'{wanted}' in the server's settings and use eviction_events: auto") from None
         logger.info("redis tier: cannot read notify-keyspace-events of %s (%s); following "
                     "its eviction events in case they are enabled", where, type(exc).__name__)
-        return True
+        return [*events, "del"]
+    if any(not missing_flags(c, "g") for c in current):
+        events.append("del")
     missing = {missing_flags(c, wanted) for c in current} - {""}
     if not missing:
-        return True
+        return events
     if mode == "auto":
         logger.info(
             "redis tier: %s does not publish eviction events (notify-keyspace-events lacks "
             "'%s'): a block Redis evicts stays a hit in this process's index until its "
             "load fails. Enable them with CONFIG SET notify-keyspace-events %s (or "
             "eviction_events: on).", where, "".join(sorted(set("".join(missing)))), wanted)
-        return False
+        return []
     # One value for every node: what any of them has, plus what is missing.
     have = "".join(dict.fromkeys("".join(current)))
     try:
@@ -125,21 +136,22 @@ def check_notifications(client: Any, cluster: bool, mode: str, ttl: bool, where:
             f"the server's settings and use eviction_events: auto") from None
     logger.info("redis tier: enabled eviction events (notify-keyspace-events +%s) on %s",
                 wanted, where)
-    return True
+    return events
 
 
 class EvictionListener:
-    """Threads that follow the evicted/expired keyevents and report block keys.
+    """Threads that follow the evicted/expired/del keyevents and report block keys.
 
-    ``on_keys`` gets the OffloadKeys of removed objects named ``key_prefix``
-    then an object name of ``namespace``, from a listener thread; other keys
+    ``on_keys`` gets the event (``evicted``, ``expired``, ``del``) and the
+    OffloadKeys of removed objects named ``key_prefix`` then an object name of
+    ``namespace``, from a listener thread; other keys
     (other prefixes, namespaces, applications) are ignored. One thread per
     node: a single server, or each primary of a cluster (re-read every
     :data:`NODES_REFRESH_S`). A lost connection is retried with backoff.
     """
 
     def __init__(self, client: Any, cluster: bool, channels: list[str], key_prefix: str,
-                 namespace: str, on_keys: Callable[[list[bytes]], None]) -> None:
+                 namespace: str, on_keys: Callable[[str, list[bytes]], None]) -> None:
         self._client = client
         self._cluster = cluster
         self._channels = channels
@@ -207,7 +219,7 @@ class EvictionListener:
                 while not stopped():
                     message = pubsub.get_message(timeout=POLL_S)
                     if message is not None and message.get("type") == "message":
-                        self._received(message["data"])
+                        self._received(message["channel"], message["data"])
             except rexc.ResponseError as exc:
                 # Refused, not lost (an ACL user without these channels): no retry loop.
                 logger.warning("redis tier: %s refuses the eviction events' channels (%s); "
@@ -224,9 +236,9 @@ class EvictionListener:
                     with contextlib.suppress(Exception):  # a dead connection: nothing to free
                         pubsub.close()
 
-    def _received(self, data: Any) -> None:
+    def _received(self, channel: Any, data: Any) -> None:
         if not isinstance(data, bytes) or not data.startswith(self._prefix):
             return
         key = key_from_object_name(data[self._strip:].decode("ascii", "replace"))
         if key is not None:
-            self._on_keys([key])
+            self._on_keys(_text(channel).rpartition(":")[2], [key])

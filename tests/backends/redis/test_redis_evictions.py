@@ -224,3 +224,41 @@ def test_a_user_refused_the_channels_is_told_once_and_not_retried(redis_server_f
     keys = make_keys(2, seed=4)  # the tier itself works
     h.store_all(keys, rows_like(2, 4096, seed=4))
     assert h.tiers[0].counters.objects_stored == 2
+
+
+@pytest.mark.parametrize("server_flags", ["Eeg", "Ee"])
+def test_blocks_another_process_deleted_leave_the_index_where_the_server_says(
+        redis_server_factory, harness_factory, server_flags):
+    """With ``g`` the ``del`` keyevent is followed too (DEL and UNLINK, e.g. a gc run
+    elsewhere): those blocks stop being hits and go out as removed kv events, without
+    counting as evictions. Without ``g`` nothing is heard: they stay stale hits."""
+    server = redis_server_factory([*LRU, "--notify-keyspace-events", server_flags])
+    h = harness_factory([tier_cfg(server.url, enable_kv_events=True)], num_chunks=16,
+                        chunk_bytes=4096)
+    tier = h.tiers[0]
+    keys, rows = make_keys(12, seed=21), rows_like(12, 4096, seed=21)
+    h.store_all(keys, rows)
+    list(tier.take_events())  # the stored events
+    gone, kept = keys[:4], keys[4:]
+    with server.client() as admin:
+        channel = "__keyevent@0__:del"
+        wait_for(lambda: admin.pubsub_numsub(channel)[0][1] == (server_flags == "Eeg"),
+                 "subscribed to del only where the server publishes it")
+        admin.delete(*(tier.backend.key(tier.namespace.object_name(k)) for k in gone[:2]))
+        admin.unlink(*(tier.backend.key(tier.namespace.object_name(k)) for k in gone[2:]))
+    if server_flags == "Eeg":
+        wait_for(lambda: len(tier.backend.evicted_keys) == len(gone), "deletions heard")
+        h.step()
+        assert not any(k in tier._presence for k in gone)
+        assert all(k in tier._presence for k in kept)
+        removed = [k for e in tier.take_events() if e.removed for k in e.keys]
+        assert sorted(removed) == sorted(gone)
+        hits, got = look_up_all(h, keys)
+        assert sorted(hits) == sorted(kept) and tier.counters.load_misses == 0
+        index = {k: i for i, k in enumerate(keys)}
+        assert np.array_equal(got, rows[[index[k] for k in hits]])
+    else:
+        time.sleep(0.3)
+        h.step()
+        assert all(k in tier._presence for k in keys)  # stale: their loads will miss
+    assert tier.backend.evicted_objects == 0  # deleted, not evicted
