@@ -94,7 +94,8 @@ class TierConfig(BaseModel):
     )
     enable_kv_events: bool = Field(
         False, description="Emit BlockStored events for stored blocks, and BlockRemoved "
-        "events for blocks the tier's capacity control or its server evicted (needs KV "
+        "events for blocks the tier heard leave (evicted by its capacity control or its "
+        "server, expired, or deleted elsewhere: docs/redis.md, docs/fs.md) (needs KV "
         "events enabled globally)."
     )
     locality: Literal["LOCAL", "REMOTE"] | None = Field(

@@ -62,6 +62,9 @@ class Ledger:
         self._failed_by_req: dict[str, set[bytes]] = {}
         #: kv events not yet taken by vLLM (None: the tier emits none).
         self.events = events
+        #: Keys evicted while their store job was in flight (kv events on): that
+        #: job's stored event must leave them out (see :meth:`forget_evicted`).
+        self._evicted_in_flight: set[bytes] = set()
         #: Load jobs reported failed at their deadline while an I/O thread still ran.
         self.load_timeouts = 0
         self.warn = RateLimitedLogger(logger, interval_s=30.0)
@@ -86,10 +89,22 @@ class Ledger:
         """``keys`` left the tier (its capacity control, a server's eviction or expiry):
         the presence index forgets them, and with kv events on, one ``removed`` event
         names those it held (blocks this process stored or found), so that a consumer
-        of the events stops counting them as stored."""
+        of the events stops counting them as stored. A key whose store job is still in
+        flight gets no removal: its job's stored event, not yet sent, leaves it out
+        (sent after a removal, it would leave the consumer believing it stored)."""
         presence = self.presence
-        held = [k for k in keys if presence.pop(k, _ABSENT) is not _ABSENT]
-        if held and self.events is not None:
+        if self.events is None:
+            for k in keys:
+                presence.pop(k, None)
+            return
+        held: list[bytes] = []
+        for k in keys:
+            receipt = presence.pop(k, _ABSENT)
+            if receipt is None or (receipt is not _ABSENT and receipt.done):
+                held.append(k)
+            elif receipt is not _ABSENT:
+                self._evicted_in_flight.add(k)
+        if held:
             self.events.append(OffloadingEvent(keys=held, medium=medium, removed=True,
                                                locality=locality))
 
@@ -199,8 +214,19 @@ class Ledger:
                     self.label, len(s.bad) - s.cancelled, len(job.keys),
                     s.first_error or s.first_corrupt,
                 )
+        if self._evicted_in_flight:
+            self._leave_out_evicted(job, s)
         if s.event is not None and self.events is not None:
             self.events.append(s.event)
+
+    def _leave_out_evicted(self, job: Job, s: Summary) -> None:
+        """Drop from ``job``'s stored event the keys evicted while it was in flight."""
+        gone = self._evicted_in_flight
+        if s.event is not None:
+            s.event.keys = [k for k in s.event.keys if k not in gone]
+            if not s.event.keys:
+                s.event = None
+        gone.difference_update(job.keys)
 
     def _apply_load(self, job: Job, s: Summary) -> None:
         # Loaded keys are in the presence index already: stored by this

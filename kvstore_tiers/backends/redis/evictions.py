@@ -27,10 +27,14 @@ key (:func:`check_notifications`):
 * ``off``: no subscription.
 
 With ``g`` as well (generic commands; ``A`` includes it), the listener also
-follows ``del`` (``DEL`` and ``UNLINK``): blocks another process removed
-(``kvstore-tiers gc``, a corrupt object another engine dropped) leave the
-index too. ``g`` is followed where the server has it, never added: it makes
-the server publish every ``EXPIRE`` as well (the ``ttl_s`` touches).
+follows ``del`` (``DEL``, ``UNLINK``, ``GETDEL``): blocks another process
+removed (``kvstore-tiers gc``, a corrupt object another engine dropped) leave
+the index too. A cluster's resharding ``MIGRATE`` publishes ``del`` on the
+source node as well: those blocks still exist, and only go back to the
+existence check. ``g`` is followed where the server has it; the tier asks for
+it only through ``on`` in a cluster whose nodes differ (every node gets the
+flags any node has). It makes the server publish every ``EXPIRE`` and
+``GETEX`` as well (the ``ttl_s`` touches and loads).
 
 Pub/sub delivers at most once: events sent while the listener reconnects are
 lost, and those blocks' stale hits are what happens without this module (a
