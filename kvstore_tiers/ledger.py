@@ -92,21 +92,19 @@ class Ledger:
         of the events stops counting them as stored. A key whose store job is still in
         flight gets no removal: its job's stored event, not yet sent, leaves it out
         (sent after a removal, it would leave the consumer believing it stored)."""
-        presence = self.presence
-        if self.events is None:
-            for k in keys:
-                presence.pop(k, None)
-            return
+        presence, events = self.presence, self.events
         held: list[bytes] = []
         for k in keys:
             receipt = presence.pop(k, _ABSENT)
-            if receipt is None or (receipt is not _ABSENT and receipt.done):
+            if events is None or receipt is _ABSENT:
+                continue
+            if receipt is None or receipt.done:
                 held.append(k)
-            elif receipt is not _ABSENT:
+            else:
                 self._evicted_in_flight.add(k)
-        if held:
-            self.events.append(OffloadingEvent(keys=held, medium=medium, removed=True,
-                                               locality=locality))
+        if held and events is not None:
+            events.append(OffloadingEvent(keys=held, medium=medium, removed=True,
+                                          locality=locality))
 
     # -- MISS verdicts of failed loads (module docstring) ---------------------------------
     def is_failed(self, key: bytes, req_id: str) -> bool:
