@@ -167,6 +167,7 @@ class Ledger:
         else:
             self.counters.store_failures += len(job.keys)
             self.presence.discard_receipt(job.keys, job)
+            self._evicted_in_flight.difference_update(job.keys)  # no stored event follows
             job.release()
         return JobResult(job_id=job.job_id, success=False)
 

@@ -39,3 +39,34 @@ def test_a_block_evicted_while_its_store_is_in_flight_is_never_reported_stored(
     assert sorted(k for e in events if not e.removed for k in e.keys) == sorted(keys[1:])
     assert keys[0] not in tier._presence and stored_before[0] not in tier._presence
     assert tier.counters.objects_stored == 8
+
+
+def test_a_store_failed_as_a_whole_forgets_its_evicted_keys(harness_factory, tmp_path, flaky,
+                                                            monkeypatch) -> None:
+    """A key evicted while its job was in flight, when that job is then reported failed
+    as a whole (applying it broke), must not be left out of a later job's stored event."""
+    h = harness_factory([flaky_tier(tmp_path, n_write_threads=1, enable_kv_events=True)],
+                        num_chunks=64, chunk_bytes=ROW)
+    tier = h.tiers[0]
+    ledger = tier._ledger
+    flaky.store_gate.clear()
+    keys = make_keys(2, seed=3)
+    ctx = h.store(keys, rows_like(2, ROW))
+    assert flaky.store_stalled.wait(10)
+    tier.backend.note_evicted(1, [keys[0]])
+    h.step()
+    # The fault injected: applying the finished job raises, so it is reported failed.
+    apply_store = ledger._apply_store
+    monkeypatch.setattr(ledger, "_apply_store",
+                        lambda job, s: (_ for _ in ()).throw(RuntimeError("injected")))
+    flaky.store_gate.set()
+    h.settle()
+    h.finish_request(ctx)
+    assert tier.counters.store_failures == 2
+    monkeypatch.setattr(ledger, "_apply_store", apply_store)
+    list(tier.take_events())
+
+    h.forget_primary()
+    h.store_all(keys, rows_like(2, ROW))  # stored again, both reported stored
+    assert sorted(k for e in tier.take_events() if not e.removed for k in e.keys) == \
+        sorted(keys)
