@@ -166,7 +166,8 @@ class FrequencySketch:
     before 3.11), a rare interleaving loses a few additions or ages the
     table once more, and a halving may overwrite a count made during it;
     each only shifts an estimate by a sighting or delays an admission. The
-    adaptive policy's probe thread reads only the samples.
+    adaptive policy's probe thread reads only the samples and
+    :meth:`sightings`.
     """
 
     def __init__(self, width: int, period: int | None = None, native: bool = True) -> None:
@@ -178,6 +179,8 @@ class FrequencySketch:
         self.period = period if period is not None else width
         self.additions = 0
         self.agings = 0
+        #: Additions taken away by ageing: with ``additions``, every sighting counted.
+        self._aged_additions = 0
         self._age_lock = threading.Lock()
         self._offer = _offer if native else _offer_py
         self._increment = _increment if native else _increment_py
@@ -216,6 +219,12 @@ class FrequencySketch:
         """How often ``key`` was seen (at least; at most 15), ageing applied."""
         return self._estimate(self.table, key, self.mask)
 
+    def sightings(self) -> int:
+        """Sightings counted since start, ageing or not (read under the ageing lock,
+        so a halving in progress is never seen half done)."""
+        with self._age_lock:
+            return self.additions + self._aged_additions
+
     def _added(self, n: int) -> None:
         self.additions += n
         if self.additions >= self.period:
@@ -226,6 +235,7 @@ class FrequencySketch:
             if self.additions < self.period:  # another thread has just aged it
                 return
             self.table[:] = self.table.translate(_HALVE)
+            self._aged_additions += self.additions - self.additions // 2
             self.additions //= 2
             self.agings += 1
 
@@ -371,9 +381,18 @@ class AdaptivePolicy:
     reached 2. Their hits, halved every eight capacities of sampled
     sightings so that the choice follows the workload, choose the threshold:
     1 while write-everything's hits exceed the gated one's by more than
-    ``margin`` (writes cost something; near a tie, fewer writes win), else 2.
-    Ageing of the sketch forgets a first sighting, so a block that was not
-    admitted is tried again later instead of being shut out for good.
+    ``margin`` per sighting (0.04: four points of hit rate; writes cost
+    something, so near a tie fewer writes win), else 2. Ageing of the sketch
+    forgets a first sighting, so a block that was not admitted is tried
+    again later instead of being shut out for good.
+
+    The choice is a difference of hits over all sightings, not a ratio of
+    the two miniatures' hits: a hot block that happens to be in the sample
+    (a system prompt's, in nearly every request) is a hit in both
+    miniatures. It adds the same to both counts, which leaves their
+    difference as it was but pulls their ratio towards 1. The divisor is
+    every sighting the sketch counted times the sample's fraction, which
+    such a block does not inflate either.
 
     :meth:`admit` (scheduler thread) and :meth:`seen` (an I/O thread) are
     one C call each, which counts the sightings and appends the sampled
@@ -385,7 +404,7 @@ class AdaptivePolicy:
     """
 
     def __init__(self, sketch: FrequencySketch, signal: CapacitySignal,
-                 counters: SkipCounters, sample_limit: int = 16, margin: float = 0.25) -> None:
+                 counters: SkipCounters, sample_limit: int = 16, margin: float = 0.04) -> None:
         self.sketch = sketch
         self.signal = signal
         self.counters = counters
@@ -399,6 +418,10 @@ class AdaptivePolicy:
         self._gated: OrderedDict[bytes, None] = OrderedDict()
         self.hits_write_all = 0.0
         self.hits_gated = 0.0
+        #: Sightings the sample should have had (all the sketch counted, times
+        #: its fraction), halved with the hits: the divisor of their difference.
+        self.expected_samples = 0.0
+        self._sightings = 0
         self._refs = 0
         self._probe: AdmissionProbe | None = None
 
@@ -417,13 +440,17 @@ class AdaptivePolicy:
     def update(self) -> None:
         """Run the sampled sightings through the miniatures; choose the threshold."""
         cap = max(1, self.signal.blocks * self.sample_limit // 256)
+        sightings = self.sketch.sightings()
+        self.expected_samples += (sightings - self._sightings) * self.sample_limit / 256
+        self._sightings = sightings
         # Take the list, leave a new one. Another thread may still append to
         # the old one if it read the attribute just before: the loop's
         # range is fixed at its start, so those few sightings go unsampled.
         flat, self._samples = self._samples, []
         for i in range(0, len(flat) - 1, 2):
             self._sighting(flat[i], flat[i + 1], cap)  # type: ignore[arg-type]
-        self.threshold = 1 if self.hits_write_all > self.hits_gated * (1 + self.margin) else 2
+        gain = self.hits_write_all - self.hits_gated
+        self.threshold = 1 if gain > self.margin * self.expected_samples else 2
 
     def _sighting(self, key: bytes, count: int, cap: int) -> None:
         """One sampled sighting (``count``: the sketch's, with it) through both miniatures."""
@@ -446,6 +473,7 @@ class AdaptivePolicy:
             self._refs = 0
             self.hits_write_all /= 2
             self.hits_gated /= 2
+            self.expected_samples /= 2
 
     def start(self, interval_s: float) -> None:
         """Refresh the capacity signal and :meth:`update` every ``interval_s``, in a thread."""

@@ -254,6 +254,32 @@ def test_the_miniatures_choose_write_everything_when_reuse_comes_soon() -> None:
     assert policy.threshold == 1
 
 
+def test_a_hot_block_in_the_sample_does_not_hide_what_writing_everything_gains() -> None:
+    # Every request starts with the same system prompt, and the hash sample
+    # happens to take its blocks. They are hits in both miniatures at every
+    # request: the hits' ratio nears 1 while their difference stays.
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 16), _signal(2_560_000, 2_560_000),
+                                      TierCounters())
+    prompt = _sampled_keys(8, seed=15)
+    fresh = make_keys(50 * 200, seed=16)  # 1 in 16 sampled, by their hash
+    for i in range(200):  # each turn's blocks are read again at the next turn
+        turn = prompt + fresh[i * 50:(i + 1) * 50]
+        policy.admit(turn)
+        policy.seen(turn)
+    policy.update()
+    assert policy.hits_write_all < 1.25 * policy.hits_gated  # a ratio would gate here
+    assert policy.threshold == 1
+
+
+def test_the_sketch_counts_every_sighting_across_ageing(native) -> None:
+    sketch = FrequencySketch(1 << 10, period=64, native=native)
+    for seed in range(20):
+        sketch.offer(make_keys(10, seed=seed), 2)
+        sketch.increment(make_keys(3, seed=seed))
+    assert sketch.agings >= 3
+    assert sketch.sightings() == 20 * 13
+
+
 def test_the_miniatures_choose_the_gate_when_one_time_blocks_would_flush_the_tier() -> None:
     policy = admission.AdaptivePolicy(FrequencySketch(1 << 16), _signal(2_560_000, 2_560_000),
                                       TierCounters())
