@@ -31,10 +31,11 @@ feature can keep.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,13 +73,24 @@ class _OneBlockFrames:
     stored_bytes_written = 1
 
 
+def salted_key(salt: str) -> Callable[[int], bytes]:
+    """Block ids to keys as :func:`~.trace.block_key`, or hashed under ``salt``:
+    the same trace under another hash, so another sample of the keys for
+    ``adaptive``'s miniatures (which sample by hash)."""
+    if not salt:
+        return block_key
+    prefix = b"trace-block:" + salt.encode() + b":"
+    return lambda h: hashlib.sha256(prefix + b"%d" % h).digest() + block_key(0)[-4:]
+
+
 def primary_blocks(requests: Sequence[TraceRequest]) -> int:
     """The primary's size: the longest request plus 32 blocks, as ``bench --trace`` has it."""
     return max(len(r.hash_ids) for r in requests) + 32
 
 
 def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
-                  min_sightings: int = 2, primary: int = 0) -> dict[str, Any]:
+                  min_sightings: int = 2, primary: int = 0,
+                  key: Callable[[int], bytes] = block_key) -> dict[str, Any]:
     """Replay ``requests`` through an LRU tier of ``capacity`` blocks, admission by
     ``policy`` (``always``, or ``reuse``/``adaptive``: the tier's objects at its
     default sketch width).
@@ -110,7 +122,7 @@ def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
 
     requested = hit = tier_hit = written = evicted = 0
     for req in requests:
-        keys = [block_key(h) for h in req.hash_ids]
+        keys = [key(h) for h in req.hash_ids]
         requested += len(keys)
         served = 0
         loaded = []
@@ -209,9 +221,10 @@ def first_sight_sources(requests: Sequence[TraceRequest], capacity: int) -> dict
 
 
 def run(requests: Sequence[TraceRequest], percents: Sequence[float] = PERCENTS,
-        min_sightings: int = 2) -> dict[str, Any]:
+        min_sightings: int = 2, salt: str = "") -> dict[str, Any]:
     distinct = distinct_blocks(list(requests))
     primary = primary_blocks(requests)
+    key = salted_key(salt)
     rows = []
     for pct in percents:
         cap = trace_reference.capacity_blocks(distinct, pct)
@@ -221,10 +234,10 @@ def run(requests: Sequence[TraceRequest], percents: Sequence[float] = PERCENTS,
             row[name] = {"block_hit_rate": ref.block_hit_rate, "blocks_written": ref.blocks_written,
                          "evictions": ref.evictions}
         for pol in ("reuse", "adaptive"):
-            row[pol] = policy_replay(requests, cap, pol, min_sightings)
+            row[pol] = policy_replay(requests, cap, pol, min_sightings, key=key)
         for pol in ("always", "reuse", "adaptive"):
             row[f"{pol}_behind_primary"] = policy_replay(requests, cap, pol, min_sightings,
-                                                         primary=primary)
+                                                         primary=primary, key=key)
         row["first_sight"] = first_sight_sources(requests, cap)
         rows.append(row)
         print(f"{pct:g} %: " + "; ".join(
@@ -232,7 +245,7 @@ def run(requests: Sequence[TraceRequest], percents: Sequence[float] = PERCENTS,
             for k in ("always", "second_sight", "reuse", "adaptive", "always_behind_primary",
                       "reuse_behind_primary", "adaptive_behind_primary")), flush=True)
     return {"requests": len(requests), "distinct_blocks": distinct, "primary_blocks": primary,
-            "rows": rows}
+            "salt": salt, "rows": rows}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -275,10 +288,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--requests", type=int, help="replay only the first N requests")
     ap.add_argument("--percent", type=float, action="append", help="capacities in %% of "
                     "the distinct blocks (repeatable; default 2 5 10 20 50 100)")
+    ap.add_argument("--salt", default="", help="hash the block ids under this salt: "
+                    "another sample of the keys for adaptive's miniatures")
     ap.add_argument("--json", type=Path, help="write the full result here")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
-    result = run(load(args.trace, args.requests), args.percent or PERCENTS)
+    result = run(load(args.trace, args.requests), args.percent or PERCENTS, salt=args.salt)
     result["seconds"] = round(time.monotonic() - t0, 1)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
