@@ -165,9 +165,10 @@ class FrequencySketch:
     job on the scheduler thread): where ``+=`` can be interrupted (CPython
     before 3.11), a rare interleaving loses a few additions or ages the
     table once more, and a halving may overwrite a count made during it;
-    each only shifts an estimate by a sighting or delays an admission. The
-    adaptive policy's probe thread reads only the samples and
-    :meth:`sightings`.
+    each only shifts an estimate by a sighting, :meth:`sightings` by a
+    job's keys (by up to half a period where a count lands across a
+    halving), or delays an admission. The adaptive policy's probe thread
+    reads only the samples and :meth:`sightings`.
     """
 
     def __init__(self, width: int, period: int | None = None, native: bool = True) -> None:
@@ -381,8 +382,9 @@ class AdaptivePolicy:
     reached 2. Their hits, halved every eight capacities of sampled
     sightings so that the choice follows the workload, choose the threshold:
     1 while write-everything's hits exceed the gated one's by more than
-    ``margin`` per sighting (0.04: four points of hit rate; writes cost
-    something, so near a tie fewer writes win), else 2. Ageing of the sketch
+    ``margin`` per sighting the tier counts (offers and loads; 0.04: 4 hits
+    per 100 sightings; writes cost something, so near a tie fewer writes
+    win), else 2. Ageing of the sketch
     forgets a first sighting, so a block that was not admitted is tried
     again later instead of being shut out for good.
 
@@ -441,14 +443,22 @@ class AdaptivePolicy:
         """Run the sampled sightings through the miniatures; choose the threshold."""
         cap = max(1, self.signal.blocks * self.sample_limit // 256)
         sightings = self.sketch.sightings()
-        self.expected_samples += (sightings - self._sightings) * self.sample_limit / 256
+        # A lost += on another thread can make the count step back by a job.
+        expected = max(0, sightings - self._sightings) * self.sample_limit / 256
         self._sightings = sightings
         # Take the list, leave a new one. Another thread may still append to
         # the old one if it read the attribute just before: the loop's
         # range is fixed at its start, so those few sightings go unsampled.
         flat, self._samples = self._samples, []
-        for i in range(0, len(flat) - 1, 2):
+        n = len(flat) // 2
+        # The divisor accrues with the samples, so that a halving in the
+        # loop halves the hits and the divisor of the same sightings.
+        share = expected / n if n else 0.0
+        for i in range(0, 2 * n, 2):
+            self.expected_samples += share
             self._sighting(flat[i], flat[i + 1], cap)  # type: ignore[arg-type]
+        if not n:
+            self.expected_samples += expected
         gain = self.hits_write_all - self.hits_gated
         self.threshold = 1 if gain > self.margin * self.expected_samples else 2
 

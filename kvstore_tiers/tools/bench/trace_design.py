@@ -79,8 +79,8 @@ def salted_key(salt: str) -> Callable[[int], bytes]:
     ``adaptive``'s miniatures (which sample by hash)."""
     if not salt:
         return block_key
-    prefix = b"trace-block:" + salt.encode() + b":"
-    return lambda h: hashlib.sha256(prefix + b"%d" % h).digest() + block_key(0)[-4:]
+    prefix, group = b"trace-block:" + salt.encode() + b":", block_key(0)[-4:]
+    return lambda h: hashlib.sha256(prefix + b"%d" % h).digest() + group
 
 
 def primary_blocks(requests: Sequence[TraceRequest]) -> int:
