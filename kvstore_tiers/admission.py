@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -315,14 +316,26 @@ class CapacitySignal:
     Bytes used are the backend's count where it has one, else the frame
     bytes this process wrote (s3: a budget of PUT bytes). Full from
     :attr:`FULL_FRACTION` of the capacity on: an fs tier's evictor keeps it
-    between its low and high watermarks (0.85-0.95) once full.
+    between its low and high watermarks (0.85-0.95) once full. Also full,
+    whatever it holds now, while the backend has evicted within the last
+    :attr:`EVICTION_HOLD_S` (``evictions``: its count of objects evicted):
+    an evictor with a wider band (a low watermark of 0.5) leaves a full
+    tier well under the fraction after each round, and writing everything
+    until the next round would flush it.
     """
 
     FULL_FRACTION = 0.8
+    EVICTION_HOLD_S = 60.0
 
     def __init__(self, usage: UsageReader | None, budget: int | None,
-                 counters: WriteCounters, row_bytes: int) -> None:
+                 counters: WriteCounters, row_bytes: int,
+                 evictions: Callable[[], int] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._usage = usage
+        self._evictions = evictions
+        self._clock = clock
+        self._evicted = evictions() if evictions is not None else 0
+        self._evicted_at: float | None = None
         self.budget = budget
         self._counters = counters
         self._row_bytes = row_bytes
@@ -350,7 +363,11 @@ class CapacitySignal:
             return
         frame = c.stored_bytes_written // c.objects_stored if c.objects_stored else 0
         self.blocks = max(1, capacity // max(1, frame or self._row_bytes))
-        self.full = used >= self.FULL_FRACTION * capacity
+        now = self._clock()
+        if self._evictions is not None and (evicted := self._evictions()) > self._evicted:
+            self._evicted, self._evicted_at = evicted, now
+        evicting = self._evicted_at is not None and now - self._evicted_at < self.EVICTION_HOLD_S
+        self.full = evicting or used >= self.FULL_FRACTION * capacity
 
 
 class WriteCounters(Protocol):

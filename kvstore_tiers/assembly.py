@@ -128,7 +128,8 @@ def admission_policy(config: TierConfig, backend: Backend, counters: TierCounter
     if config.admission == "reuse":
         return ReusePolicy(sketch, config.admission_min_sightings, counters)
     usage = backend.capacity_usage if type(backend).supports_capacity else None
-    signal = CapacitySignal(usage, config.admission_capacity_bytes, counters, row_bytes)
+    signal = CapacitySignal(usage, config.admission_capacity_bytes, counters, row_bytes,
+                            evictions=lambda: backend.evicted_objects)
     signal.refresh()
     policy = AdaptivePolicy(sketch, signal, counters)
     policy.start(PROBE_INTERVAL_S)

@@ -208,6 +208,30 @@ def test_a_failing_capacity_reading_keeps_the_last_one() -> None:
     assert sig.full and sig.blocks == 100
 
 
+def test_a_tier_that_evicted_lately_is_full_below_the_fraction() -> None:
+    # An evictor with a low watermark of 0.5: after a round the tier holds
+    # half its capacity, and it is still full (the next round comes).
+    reading, evicted, now = [(950, 1000)], [0], [0.0]
+    sig = admission.CapacitySignal(lambda: reading[0], None, _Writes(), 10,
+                                   evictions=lambda: evicted[0], clock=lambda: now[0])
+    sig.refresh()
+    assert sig.full
+    reading[0], evicted[0], now[0] = (500, 1000), 40, 1.0
+    sig.refresh()
+    assert sig.full
+    now[0] = 1.0 + sig.EVICTION_HOLD_S - 1
+    sig.refresh()
+    assert sig.full  # no eviction since, within the hold
+    now[0] = 1.0 + sig.EVICTION_HOLD_S
+    sig.refresh()
+    assert not sig.full  # none for the whole hold, and room: not full
+    # Evictions counted before the signal started do not make it full.
+    sig = admission.CapacitySignal(lambda: (500, 1000), None, _Writes(), 10,
+                                   evictions=lambda: 40, clock=lambda: 0.0)
+    sig.refresh()
+    assert not sig.full
+
+
 def test_adaptive_writes_everything_while_the_tier_has_room(native) -> None:
     counters = TierCounters()
     policy = admission.AdaptivePolicy(FrequencySketch(1 << 12, native=native),
