@@ -318,7 +318,8 @@ class CapacitySignal:
     :attr:`FULL_FRACTION` of the capacity on: an fs tier's evictor keeps it
     between its low and high watermarks (0.85-0.95) once full. Also full,
     whatever it holds now, while the backend has evicted within the last
-    :attr:`EVICTION_HOLD_S` (``evictions``: its count of objects evicted):
+    :attr:`EVICTION_HOLD_S` (``evictions``: its count of objects evicted
+    because the store was full, ``Backend.evicted_for_capacity``):
     an evictor with a wider band (a low watermark of 0.5) leaves a full
     tier well under the fraction after each round, and writing everything
     until the next round would flush it.

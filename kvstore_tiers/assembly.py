@@ -129,7 +129,7 @@ def admission_policy(config: TierConfig, backend: Backend, counters: TierCounter
         return ReusePolicy(sketch, config.admission_min_sightings, counters)
     usage = backend.capacity_usage if type(backend).supports_capacity else None
     signal = CapacitySignal(usage, config.admission_capacity_bytes, counters, row_bytes,
-                            evictions=lambda: backend.evicted_objects)
+                            evictions=lambda: backend.evicted_for_capacity)
     signal.refresh()
     policy = AdaptivePolicy(sketch, signal, counters)
     policy.start(PROBE_INTERVAL_S)

@@ -136,8 +136,12 @@ class Backend(ABC):
     def __init__(self, config: Any, namespace: Namespace) -> None:
         self.config = config
         self.namespace = namespace
-        #: Objects this backend removed for capacity (eviction), for metrics.
+        #: Objects this backend removed for capacity (eviction), or its server
+        #: evicted or expired, for metrics.
         self.evicted_objects = 0
+        #: Of those, the ones removed because the store was full (not expired):
+        #: adaptive admission counts a tier that evicted lately as full.
+        self.evicted_for_capacity = 0
         #: Keys of objects evicted by this backend (fs ``max_bytes``) or its
         #: server (redis ``maxmemory``, ``ttl_s``), appended by its threads
         #: through :meth:`note_evicted`, taken by the tier: its presence index
@@ -147,12 +151,15 @@ class Backend(ABC):
         self.evicted_keys: deque[bytes] = deque(maxlen=EVICTED_KEYS_MAX)
         self._evicted_lock = threading.Lock()
 
-    def note_evicted(self, objects: int, keys: Iterable[bytes]) -> None:
+    def note_evicted(self, objects: int, keys: Iterable[bytes], for_capacity: bool = True) -> None:
         """Record ``objects`` objects the store removed for capacity (or its server
-        evicted or expired), ``keys`` the block keys among them: the count goes to
-        ``evicted_objects``, the keys to ``evicted_keys``. Safe from several threads."""
+        evicted or, ``for_capacity`` False, expired), ``keys`` the block keys among
+        them: the count goes to ``evicted_objects`` (and ``evicted_for_capacity``),
+        the keys to ``evicted_keys``. Safe from several threads."""
         with self._evicted_lock:  # several threads may report (one per cluster primary)
             self.evicted_objects += objects
+            if for_capacity:
+                self.evicted_for_capacity += objects
         self.evicted_keys.extend(keys)
 
     @property

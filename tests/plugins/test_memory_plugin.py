@@ -63,6 +63,20 @@ def test_put_get_exists_delete_contract(memory_mod: ModuleType) -> None:
     assert b.exists_many(["a"]) == [False] and b.used_bytes == 0
 
 
+def test_evicted_objects_report_their_keys(memory_mod: ModuleType) -> None:
+    from types import SimpleNamespace
+
+    from kvstore_tiers.namespace import Namespace
+    from kvstore_tiers.tools.harness import make_keys
+
+    b = _backend(memory_mod, 300)
+    keys = make_keys(4, seed=3)
+    for k in keys:  # the fourth evicts the first
+        b.put(Namespace.object_name(SimpleNamespace(name="ns"), k), [bytes(100)])  # type: ignore[arg-type]
+    assert b.evicted_objects == b.evicted_for_capacity == 1
+    assert list(b.evicted_keys) == [keys[0]]  # for the tier's presence index
+
+
 def test_lru_eviction_keeps_the_budget(memory_mod: ModuleType) -> None:
     from kvstore_tiers.errors import TransientError
 

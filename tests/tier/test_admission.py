@@ -143,3 +143,27 @@ def test_adaptive_writes_everything_below_capacity_and_gates_when_full(
     assert c.objects_stored == 39 and c.stores_not_admitted_cold == 4
     assert all(ok for _, ok in reported) and _rows_released(h)
     assert _lookup(h, new) == [HIT] * 4
+
+
+def test_adaptive_holds_a_tier_that_evicted_lately_full(harness_factory, tmp_path) -> None:
+    """fs evicting down to half its max_bytes: between rounds the tier holds less
+    than the full fraction, and still counts as full (the next round comes)."""
+    from ..backends.fs.test_fs_capacity import _overhead
+
+    row = 65536
+    cap = _overhead(tmp_path) + 40 * (row + 4096)
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "max_bytes": cap,
+                          "high_watermark": 0.95, "low_watermark": 0.5,
+                          "admission": "adaptive"}], num_chunks=16, chunk_bytes=row)
+    tier = h.tiers[0]
+    policy = tier._admission
+    policy.close()  # the test reads the capacity itself
+    for seed in range(9):  # 45 objects of room for 40: the evictor runs
+        h.store_all(make_keys(5, seed=60 + seed), rows_like(5, row, seed=seed))
+        h.forget_primary()
+    tier.backend.capacity.evict_now(wait=True)
+    assert tier.backend.evicted_for_capacity > 0
+    policy.signal.refresh()
+    sig = policy.signal
+    assert sig.capacity is not None and sig.used < sig.FULL_FRACTION * sig.capacity
+    assert sig.full

@@ -148,7 +148,9 @@ class RedisBackend(Backend):
     def _on_removed(self, event: str, keys: list[bytes]) -> None:
         # A listener thread. Deleted objects (another process's gc) leave the
         # index too, but are not evictions: they do not count in objects_evicted.
-        self.note_evicted(0 if event == "del" else len(keys), keys)
+        # Expired ones are, but say nothing of the tier being full.
+        self.note_evicted(0 if event == "del" else len(keys), keys,
+                          for_capacity=event == "evicted")
 
     def close(self) -> None:
         evictions, self._evictions = self._evictions, None

@@ -36,6 +36,7 @@ from pydantic import Field
 from kvstore_tiers.backends.base import Backend, Buffer, ObjectInfo
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.errors import ObjectMissing, TransientError
+from kvstore_tiers.namespace import key_from_object_name
 
 logger = logging.getLogger(__name__)
 
@@ -109,15 +110,19 @@ class MemoryBackend(Backend):
                 return False
         frame = b"".join(parts)
         now = time.time()
+        evicted: list[str] = []
         with self._lock:
             if name in self._objects:  # a concurrent writer of the same key won
                 return False
             while self._bytes + size > budget and self._objects:
-                _, (old, _) = self._objects.popitem(last=False)
+                old_name, (old, _) = self._objects.popitem(last=False)
                 self._bytes -= len(old)
-                self.evicted_objects += 1
+                evicted.append(old_name)
             self._objects[name] = (frame, now)
             self._bytes += size
+        if evicted:  # counted, and the keys leave the tier's presence index
+            self.note_evicted(len(evicted), [k for k in map(key_from_object_name, evicted)
+                                             if k is not None])
         return True
 
     def get(self, name: str) -> bytes:

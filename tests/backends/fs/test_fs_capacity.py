@@ -45,6 +45,7 @@ def test_cap_holds_and_least_recently_used_go_first(harness_factory, tmp_path) -
         capacity.evict_now(wait=True)  # what the evictor thread does when woken
     assert _disk_bytes(tmp_path) <= objects_cap + 16 * 4096
     assert capacity.evicted_objects >= 90 - 41
+    assert tier.backend.evicted_for_capacity == tier.backend.evicted_objects > 0
     ns = tier.namespace
     present = [(tmp_path / ns.object_name(k)).exists() for k in all_keys]
     assert not any(present[:10]) and all(present[-10:])  # oldest gone, newest kept

@@ -86,6 +86,7 @@ def test_evicted_blocks_stop_being_hits(redis_server_factory, harness_factory, m
             assert "e" in admin.config_get("notify-keyspace-events")["notify-keyspace-events"]
             wait_for(lambda: tier.backend.evicted_objects == evicted,
                      "the listener heard every eviction")
+            assert tier.backend.evicted_for_capacity == evicted
         held = {k for k in keys if admin.exists(tier.backend.key(tier.namespace.object_name(k)))}
         h.step()  # the poll that hands the heard evictions to the presence index
         # kv events, in order: with the evictions heard, a consumer's view ends as
@@ -139,6 +140,7 @@ def test_on_with_ttl_enables_expiry_events_too(redis_server_factory, harness_fac
     keys = make_keys(3, seed=9)
     h.store_all(keys, rows_like(3, 4096, seed=9))
     wait_for(lambda: tier.backend.evicted_objects == 3, "expiry events heard", timeout_s=15)
+    assert tier.backend.evicted_for_capacity == 0  # expired: the tier is not full
     h.step()
     assert not any(k in tier._presence for k in keys)
 
