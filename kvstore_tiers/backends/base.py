@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.errors import BackendError, TransientError
+from kvstore_tiers.namespace import key_from_object_name
 
 if TYPE_CHECKING:
     from kvstore_tiers.frame import FrameCodec
@@ -161,6 +162,12 @@ class Backend(ABC):
             if for_capacity:
                 self.evicted_for_capacity += objects
         self.evicted_keys.extend(keys)
+
+    def note_evicted_names(self, names: Sequence[str]) -> None:
+        """:meth:`note_evicted` for objects removed for capacity, given by their
+        names (or paths ending in one): the keys are read back from the names."""
+        self.note_evicted(len(names), [k for k in map(key_from_object_name, names)
+                                       if k is not None])
 
     @property
     def tuning(self) -> IOTuning:

@@ -55,7 +55,6 @@ from kvstore_tiers.backends.fs.layout import prepare_namespace_dir, walk_prefix
 from kvstore_tiers.backends.fs.writers import WriterLock, sweep_stale
 from kvstore_tiers.errors import ConfigError, ObjectCorrupt, ObjectMissing, TransientError
 from kvstore_tiers.frame import FrameCodec
-from kvstore_tiers.namespace import key_from_object_name
 
 logger = logging.getLogger(__name__)
 
@@ -163,8 +162,7 @@ class FileSystemBackend(Backend):
     def _on_evicted(self, paths: list[str]) -> None:
         # The evictor thread: the keys go to the tier's presence index
         # (Backend.evicted_keys), so that it stops answering HIT for them.
-        self.note_evicted(len(paths), [k for k in map(key_from_object_name, paths)
-                                       if k is not None])
+        self.note_evicted_names(paths)
 
     def _temp_name(self, path: str) -> str:
         assert self.writer is not None, "open() first"

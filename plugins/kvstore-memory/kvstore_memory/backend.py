@@ -36,7 +36,6 @@ from pydantic import Field
 from kvstore_tiers.backends.base import Backend, Buffer, ObjectInfo
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.errors import ObjectMissing, TransientError
-from kvstore_tiers.namespace import key_from_object_name
 
 logger = logging.getLogger(__name__)
 
@@ -121,8 +120,7 @@ class MemoryBackend(Backend):
             self._objects[name] = (frame, now)
             self._bytes += size
         if evicted:  # counted, and the keys leave the tier's presence index
-            self.note_evicted(len(evicted), [k for k in map(key_from_object_name, evicted)
-                                             if k is not None])
+            self.note_evicted_names(evicted)
         return True
 
     def get(self, name: str) -> bytes:
