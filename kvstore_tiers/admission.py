@@ -323,10 +323,22 @@ class CapacitySignal:
     an evictor with a wider band (a low watermark of 0.5) leaves a full
     tier well under the fraction after each round, and writing everything
     until the next round would flush it.
+
+    :attr:`blocks` is what a full tier holds, not what its capacity would:
+    the capacity times :attr:`fill`, the mean share of it held at the
+    readings within the hold of an eviction (the last :attr:`FILL_READINGS`;
+    1.0 until the backend evicts), at the mean frame size written. An fs
+    evictor keeps a full tier between its watermarks (0.85-0.95 of
+    ``max_bytes`` by default; 0.5-0.95 holds 0.725 on average), and the
+    miniatures of :class:`AdaptivePolicy` must replay the tier it is, not a
+    larger one: a larger one keeps more first sightings until their reuse
+    and chooses to write everything sooner.
     """
 
     FULL_FRACTION = 0.8
     EVICTION_HOLD_S = 60.0
+    #: Readings the fill is the mean of, once that many were taken (32 s at the probe's pace).
+    FILL_READINGS = 64
 
     def __init__(self, usage: UsageReader | None, budget: int | None,
                  counters: WriteCounters, row_bytes: int,
@@ -344,8 +356,12 @@ class CapacitySignal:
         self.capacity: int | None = budget
         #: Read by the scheduler thread.
         self.full = False
-        #: Blocks the capacity holds, at the mean frame size written so far (0: unbounded).
+        #: Blocks a full tier holds: the capacity times :attr:`fill`, at the
+        #: mean frame size written so far (0: unbounded).
         self.blocks = 0
+        #: The mean share of the capacity held at the readings while evicting (1.0 before).
+        self.fill = 1.0
+        self._fill_readings = 0
 
     def refresh(self) -> None:
         report = None
@@ -362,13 +378,19 @@ class CapacitySignal:
         if not capacity:
             self.full, self.blocks = False, 0
             return
-        frame = c.stored_bytes_written // c.objects_stored if c.objects_stored else 0
-        self.blocks = max(1, capacity // max(1, frame or self._row_bytes))
         now = self._clock()
         if self._evictions is not None and (evicted := self._evictions()) > self._evicted:
             self._evicted, self._evicted_at = evicted, now
         evicting = self._evicted_at is not None and now - self._evicted_at < self.EVICTION_HOLD_S
         self.full = evicting or used >= self.FULL_FRACTION * capacity
+        # What a full tier holds while its evictions run; not while it fills,
+        # which it may do slowly once the gate shuts.
+        if evicting:
+            # A running mean of the first readings, then a moving one.
+            self._fill_readings = min(self._fill_readings + 1, self.FILL_READINGS)
+            self.fill += (min(1.0, used / capacity) - self.fill) / self._fill_readings
+        frame = c.stored_bytes_written // c.objects_stored if c.objects_stored else 0
+        self.blocks = max(1, int(capacity * self.fill) // max(1, frame or self._row_bytes))
 
 
 class WriteCounters(Protocol):
@@ -395,8 +417,8 @@ class AdaptivePolicy:
     So the policy runs both, in miniature (W-TinyLFU's admission window and
     ghost entries in one mechanism): a hash sample of one sighting in
     ``256 // sample_limit`` (by the key's last hash byte, uniform) drives two small
-    LRU caches of the tier's capacity in blocks scaled by the same fraction,
-    one writing every block, one writing blocks whose sketch count has
+    LRU caches of the blocks a full tier holds (:attr:`CapacitySignal.blocks`)
+    scaled by the same fraction, one writing every block, one writing blocks whose sketch count has
     reached 2. Their hits, halved every eight capacities of sampled
     sightings so that the choice follows the workload, choose the threshold:
     1 while write-everything's hits exceed the gated one's by more than

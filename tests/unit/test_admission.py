@@ -232,6 +232,29 @@ def test_a_tier_that_evicted_lately_is_full_below_the_fraction() -> None:
     assert not sig.full
 
 
+def test_the_blocks_are_what_the_tier_holds_between_evictions_not_its_capacity() -> None:
+    # An fs evictor with watermarks 0.95 and 0.5: the tier swings between
+    # them once full; the miniatures must replay the tier it is on average.
+    reading, evicted, now = [(850, 1000)], [0], [0.0]
+    sig = admission.CapacitySignal(lambda: reading[0], None, _Writes(), 10,
+                                   evictions=lambda: evicted[0], clock=lambda: now[0])
+    sig.refresh()
+    assert sig.full and sig.fill == 1.0 and sig.blocks == 100  # filling: not counted
+    for i in range(200):
+        reading[0] = (950, 1000) if i % 2 else (500, 1000)
+        evicted[0] += i % 2
+        now[0] += 0.5
+        sig.refresh()
+    assert sig.fill == pytest.approx(0.725, abs=0.01)
+    assert sig.blocks == int(1000 * sig.fill) // 10
+    # A moving mean: a tier that now stays at its capacity is read as such.
+    reading[0] = (1000, 1000)
+    for _ in range(10 * sig.FILL_READINGS):
+        evicted[0] += 1
+        sig.refresh()
+    assert sig.fill == pytest.approx(1.0, abs=0.01) and sig.blocks >= 99
+
+
 def test_adaptive_writes_everything_while_the_tier_has_room(native) -> None:
     counters = TierCounters()
     policy = admission.AdaptivePolicy(FrequencySketch(1 << 12, native=native),
