@@ -106,6 +106,20 @@ def test_design_replay_drives_the_policy_objects_as_a_tier_does() -> None:
         trace_design.policy_replay(TINY, 3, "sometimes")
 
 
+def test_design_replay_evicts_in_rounds_between_watermarks() -> None:
+    from kvstore_tiers.tools.bench import trace_design
+
+    # Six new blocks, then the third again. A plain LRU of 4 still holds 3-6;
+    # a tier with watermarks 1.0 / 0.5 has room for 5 (its band's middle is
+    # 4), and the sixth block sent it down to 2 (5 and 6).
+    trace = [_req([i]) for i in range(1, 7)] + [_req([3])]
+    plain = trace_design.policy_replay(trace, 4, "always")
+    assert (plain["block_hit_rate"], plain["evictions"], plain["blocks_written"]) == (1 / 7, 2, 6)
+    band = trace_design.policy_replay(trace, 4, "always", watermarks=(1.0, 0.5))
+    assert (band["block_hit_rate"], band["evictions"], band["blocks_written"]) == (0.0, 4, 7)
+    assert trace_design.run(TINY, [100.0], watermarks=(0.95, 0.5))["watermarks"] == (0.95, 0.5)
+
+
 def test_a_salt_hashes_the_same_trace_into_other_keys() -> None:
     from kvstore_tiers.tools.bench import trace_design
     from kvstore_tiers.tools.bench.trace import block_key
@@ -278,7 +292,7 @@ def test_cli_trace_run_writes_the_result(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["bench", "--trace", str(f), "--requests", "3",
                                   "--capacity", "100", "--chunk-kib", "8", "--no-plots",
                                   "--tier-key", "compression=none", "--tier-key",
-                                  "n_read_threads=3",
+                                  "n_read_threads=3", "--tier-key", "low_watermark=0.85",
                                   "--dir", str(tmp_path / "d"), "--out", str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
     out = json.loads((tmp_path / "o/trace.json").read_text())["trace"]
@@ -288,7 +302,12 @@ def test_cli_trace_run_writes_the_result(tmp_path: Path) -> None:
     # A: 3 misses; B: 1 2 hit (from the primary or the tier), 4 written; C: 1 hit, 5 written.
     assert row["replay"]["blocks_hit"] == 3 and row["objects_written"] == 5
     assert out["chunk_bytes"] == 8192
-    assert out["tier_keys"] == {"compression": "none", "n_read_threads": 3}
+    assert out["tier_keys"] == {"compression": "none", "n_read_threads": 3,
+                                "low_watermark": 0.85}
+    # The watermarks given size max_bytes: the middle of their band holds the capacity.
+    assert row["watermarks"] == [0.95, 0.85]
+    room = row["max_bytes"] - row["overhead_bytes"]
+    assert room == int(5 * row["disk_bytes_per_object"] / ((0.95 + 0.85) / 2))
 
 
 @needs_vllm

@@ -88,6 +88,13 @@ TIER_KEYS = {"max_store_bytes_in_flight": 0}
 FS_WATERMARKS = (0.95, 0.5)
 
 
+def fs_watermarks(tier_keys: dict[str, Any]) -> tuple[float, float]:
+    """The fs tier's (high, low) watermarks in the replay: :data:`FS_WATERMARKS`,
+    or those given as tier keys (``--tier-key low_watermark=0.85``)."""
+    return (float(tier_keys.get("high_watermark", FS_WATERMARKS[0])),
+            float(tier_keys.get("low_watermark", FS_WATERMARKS[1])))
+
+
 def block_key(block_id: int) -> bytes:
     """The OffloadKey of trace block ``block_id``: 32-byte hash + group index 0."""
     return hashlib.sha256(b"trace-block:%d" % block_id).digest() + _GROUP
@@ -424,18 +431,19 @@ def run(plan: TracePlan, requests: Sequence[TraceRequest],
                     # The evictor keeps the objects between the watermarks (fractions
                     # of the room max_bytes leaves beside the shard directories):
                     # sized so that their middle holds `cap` blocks.
-                    high, low = FS_WATERMARKS
+                    high, low = fs_watermarks(plan.extra_tier_keys)
                     cfg = {"type": "fs", "root_dir": str(root), **TIER_KEYS,
+                           **policy_keys(policy, plan.min_sightings), **plan.extra_tier_keys,
                            "high_watermark": high, "low_watermark": low,
-                           "max_bytes": overhead + int(cap * per_obj / ((high + low) / 2)),
-                           **policy_keys(policy, plan.min_sightings), **plan.extra_tier_keys}
+                           "max_bytes": overhead + int(cap * per_obj / ((high + low) / 2))}
                     progress(f"fs {pct:g} % {policy}")
                     stats, counters = replay(requests, cfg, chunk, primary, rows)
                     out.append(_row("fs", policy, pct, cap, stats, counters,
                                     reference(policy, cap), chunk,
                                     {"max_bytes": cfg["max_bytes"],
+                                     "overhead_bytes": overhead,
                                      "disk_bytes_per_object": per_obj,
-                                     "watermarks": FS_WATERMARKS}))
+                                     "watermarks": [high, low]}))
                     shutil.rmtree(root, ignore_errors=True)
         if "redis" in plan.tiers:
             with redis_for_trace() as (url, client):

@@ -90,7 +90,8 @@ def primary_blocks(requests: Sequence[TraceRequest]) -> int:
 
 def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
                   min_sightings: int = 2, primary: int = 0,
-                  key: Callable[[int], bytes] = block_key) -> dict[str, Any]:
+                  key: Callable[[int], bytes] = block_key,
+                  watermarks: tuple[float, float] | None = None) -> dict[str, Any]:
     """Replay ``requests`` through an LRU tier of ``capacity`` blocks, admission by
     ``policy`` (``always``, or ``reuse``/``adaptive``: the tier's objects at its
     default sketch width).
@@ -100,16 +101,28 @@ def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
     seeing it; a block promoted from the tier (a load: a sighting) or
     computed enters it; a computed block is cascaded to the tier (an offer).
     The tier then sees only what the primary lets through, as a real one does.
+
+    With ``watermarks`` (high, low) the tier evicts as an fs evictor does: in
+    rounds, once it holds more than ``high`` of its room, down to ``low`` of
+    it, the room sized so that the band's middle is ``capacity`` blocks (as
+    ``bench --trace`` sizes ``max_bytes``); ``adaptive`` reads the room as
+    its capacity.
     """
+    room, high, low = capacity, capacity, capacity
+    if watermarks is not None:
+        room = max(1, round(capacity / ((watermarks[0] + watermarks[1]) / 2)))
+        high, low = round(watermarks[0] * room), round(watermarks[1] * room)
     tier: OrderedDict[bytes, None] = OrderedDict()
     front: OrderedDict[bytes, None] = OrderedDict()
     counters = TierCounters()
     sketch = FrequencySketch(TierConfig.model_fields["admission_sketch_width"].default)
     gate: ReusePolicy | AdaptivePolicy | None = None
+    requested = hit = tier_hit = written = evicted = 0
     if policy == "reuse":
         gate = ReusePolicy(sketch, min_sightings, counters)
     elif policy == "adaptive":
-        signal = CapacitySignal(lambda: (len(tier), capacity), None, _OneBlockFrames(), 1)
+        signal = CapacitySignal(lambda: (len(tier), room), None, _OneBlockFrames(), 1,
+                                evictions=lambda: evicted)
         gate = AdaptivePolicy(sketch, signal, counters)
     elif policy != "always":
         raise ValueError(f"no policy {policy!r} (have always, reuse, adaptive)")
@@ -120,7 +133,6 @@ def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
         if len(front) > primary:
             front.popitem(last=False)
 
-    requested = hit = tier_hit = written = evicted = 0
     for req in requests:
         keys = [key(h) for h in req.hash_ids]
         requested += len(keys)
@@ -160,9 +172,10 @@ def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
             for i in range(len(offered)) if admitted is None else admitted:
                 tier[offered[i]] = None
                 written += 1
-                if len(tier) > capacity:
-                    tier.popitem(last=False)
-                    evicted += 1
+                if len(tier) > high:
+                    while len(tier) > low:
+                        tier.popitem(last=False)
+                        evicted += 1
         if isinstance(gate, AdaptivePolicy):
             gate.signal.refresh()
             gate.update()
@@ -221,7 +234,8 @@ def first_sight_sources(requests: Sequence[TraceRequest], capacity: int) -> dict
 
 
 def run(requests: Sequence[TraceRequest], percents: Sequence[float] = PERCENTS,
-        min_sightings: int = 2, salt: str = "") -> dict[str, Any]:
+        min_sightings: int = 2, salt: str = "",
+        watermarks: tuple[float, float] | None = None) -> dict[str, Any]:
     distinct = distinct_blocks(list(requests))
     primary = primary_blocks(requests)
     key = salted_key(salt)
@@ -234,10 +248,12 @@ def run(requests: Sequence[TraceRequest], percents: Sequence[float] = PERCENTS,
             row[name] = {"block_hit_rate": ref.block_hit_rate, "blocks_written": ref.blocks_written,
                          "evictions": ref.evictions}
         for pol in ("reuse", "adaptive"):
-            row[pol] = policy_replay(requests, cap, pol, min_sightings, key=key)
+            row[pol] = policy_replay(requests, cap, pol, min_sightings, key=key,
+                                     watermarks=watermarks)
         for pol in ("always", "reuse", "adaptive"):
             row[f"{pol}_behind_primary"] = policy_replay(requests, cap, pol, min_sightings,
-                                                         primary=primary, key=key)
+                                                         primary=primary, key=key,
+                                                         watermarks=watermarks)
         row["first_sight"] = first_sight_sources(requests, cap)
         rows.append(row)
         print(f"{pct:g} %: " + "; ".join(
@@ -245,7 +261,7 @@ def run(requests: Sequence[TraceRequest], percents: Sequence[float] = PERCENTS,
             for k in ("always", "second_sight", "reuse", "adaptive", "always_behind_primary",
                       "reuse_behind_primary", "adaptive_behind_primary")), flush=True)
     return {"requests": len(requests), "distinct_blocks": distinct, "primary_blocks": primary,
-            "salt": salt, "rows": rows}
+            "salt": salt, "watermarks": watermarks, "rows": rows}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -290,10 +306,17 @@ def main(argv: list[str] | None = None) -> None:
                     "the distinct blocks (repeatable; default 2 5 10 20 50 100)")
     ap.add_argument("--salt", default="", help="hash the block ids under this salt: "
                     "another sample of the keys for adaptive's miniatures")
+    ap.add_argument("--watermarks", type=float, nargs=2, metavar=("HIGH", "LOW"),
+                    help="the policies' tier evicts in rounds between these shares of "
+                    "its room, as an fs evictor does (bench --trace: 0.95 0.5); the exact "
+                    "references stay plain LRU caches")
     ap.add_argument("--json", type=Path, help="write the full result here")
     args = ap.parse_args(argv)
+    if args.watermarks and not 0 < args.watermarks[1] <= args.watermarks[0] <= 1:
+        ap.error("--watermarks: need 0 < LOW <= HIGH <= 1")
     t0 = time.monotonic()
-    result = run(load(args.trace, args.requests), args.percent or PERCENTS, salt=args.salt)
+    result = run(load(args.trace, args.requests), args.percent or PERCENTS, salt=args.salt,
+                 watermarks=tuple(args.watermarks) if args.watermarks else None)
     result["seconds"] = round(time.monotonic() - t0, 1)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
