@@ -307,8 +307,9 @@ class CapacitySignal:
     """Whether the tier is full, and about how many blocks it holds: adaptive's signal.
 
     :meth:`refresh` runs on the admission probe thread (it may do I/O: redis
-    ``INFO memory``); the scheduler thread only reads :attr:`full` and
-    :attr:`blocks`, plain attributes.
+    ``INFO memory``); the scheduler thread only reads :attr:`full`, a plain
+    attribute (:attr:`blocks` is read on the probe thread, by the policy's
+    update).
 
     The capacity is ``budget`` (the ``admission_capacity_bytes`` key) if set,
     else what the backend reports (``Backend.capacity_usage``: fs
@@ -326,19 +327,23 @@ class CapacitySignal:
 
     :attr:`blocks` is what a full tier holds, not what its capacity would:
     the capacity times :attr:`fill`, the mean share of it held at the
-    readings within the hold of an eviction (the last :attr:`FILL_READINGS`;
-    1.0 until the backend evicts), at the mean frame size written. An fs
-    evictor keeps a full tier between its watermarks (0.85-0.95 of
-    ``max_bytes`` by default; 0.5-0.95 holds 0.725 on average), and the
-    miniatures of :class:`AdaptivePolicy` must replay the tier it is, not a
-    larger one: a larger one keeps more first sightings until their reuse
-    and chooses to write everything sooner.
+    readings since the backend first evicted (an exponential average over
+    :attr:`FILL_READINGS`; 1.0 until the first eviction, and where the
+    backend reports no usage), at the mean frame size written. An fs
+    evictor keeps a full tier between its watermarks (0.85-0.95 of the
+    room ``max_bytes`` leaves beside the directories, by default; 0.5-0.95
+    holds 0.725 of it on average), and the miniatures of
+    :class:`AdaptivePolicy` must replay the tier it is, not a larger one: a
+    larger one keeps more first sightings until their reuse and chooses to
+    write everything sooner.
     """
 
     FULL_FRACTION = 0.8
     EVICTION_HOLD_S = 60.0
-    #: Readings the fill is the mean of, once that many were taken (32 s at the probe's pace).
-    FILL_READINGS = 64
+    #: The fill is the mean of the first this many readings, then an exponential
+    #: average with this time constant in readings (10 minutes at the probe's pace):
+    #: longer than an evictor's cycle, so its swing averages out.
+    FILL_READINGS = 1200
 
     def __init__(self, usage: UsageReader | None, budget: int | None,
                  counters: WriteCounters, row_bytes: int,
@@ -359,7 +364,7 @@ class CapacitySignal:
         #: Blocks a full tier holds: the capacity times :attr:`fill`, at the
         #: mean frame size written so far (0: unbounded).
         self.blocks = 0
-        #: The mean share of the capacity held at the readings while evicting (1.0 before).
+        #: The mean share of the capacity held since the first eviction (1.0 before).
         self.fill = 1.0
         self._fill_readings = 0
 
@@ -377,16 +382,20 @@ class CapacitySignal:
         self.used, self.capacity = used, capacity
         if not capacity:
             self.full, self.blocks = False, 0
+            self.fill, self._fill_readings = 1.0, 0  # a limit set later is another tier
             return
         now = self._clock()
         if self._evictions is not None and (evicted := self._evictions()) > self._evicted:
             self._evicted, self._evicted_at = evicted, now
         evicting = self._evicted_at is not None and now - self._evicted_at < self.EVICTION_HOLD_S
         self.full = evicting or used >= self.FULL_FRACTION * capacity
-        # What a full tier holds while its evictions run; not while it fills,
-        # which it may do slowly once the gate shuts.
-        if evicting:
-            # A running mean of the first readings, then a moving one.
+        # What the tier holds once its evictions have begun, at every reading
+        # (the whole cycle of an evictor that refills slowly, not only the
+        # hold after each round); not while it first fills, which it may do
+        # slowly once the gate shuts. Only the backend's count of bytes held:
+        # the bytes this process wrote only grow.
+        if self._evicted_at is not None and report is not None:
+            # A running mean of the first readings, then an exponential one.
             self._fill_readings = min(self._fill_readings + 1, self.FILL_READINGS)
             self.fill += (min(1.0, used / capacity) - self.fill) / self._fill_readings
         frame = c.stored_bytes_written // c.objects_stored if c.objects_stored else 0

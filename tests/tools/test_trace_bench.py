@@ -110,14 +110,25 @@ def test_design_replay_evicts_in_rounds_between_watermarks() -> None:
     from kvstore_tiers.tools.bench import trace_design
 
     # Six new blocks, then the third again. A plain LRU of 4 still holds 3-6;
-    # a tier with watermarks 1.0 / 0.5 has room for 5 (its band's middle is
-    # 4), and the sixth block sent it down to 2 (5 and 6).
+    # a tier with watermarks 1.0 / 0.5 has room for 5 (4 / 0.75, rounded),
+    # and the sixth block sent it down to 2 (5 and 6).
     trace = [_req([i]) for i in range(1, 7)] + [_req([3])]
     plain = trace_design.policy_replay(trace, 4, "always")
     assert (plain["block_hit_rate"], plain["evictions"], plain["blocks_written"]) == (1 / 7, 2, 6)
     band = trace_design.policy_replay(trace, 4, "always", watermarks=(1.0, 0.5))
     assert (band["block_hit_rate"], band["evictions"], band["blocks_written"]) == (0.0, 4, 7)
     assert trace_design.run(TINY, [100.0], watermarks=(0.95, 0.5))["watermarks"] == (0.95, 0.5)
+
+
+def test_the_replays_fs_watermarks_are_its_own_or_the_tier_keys() -> None:
+    from kvstore_tiers.tools.bench import trace
+
+    assert trace.fs_watermarks({}) == trace.FS_WATERMARKS
+    assert trace.fs_watermarks({"low_watermark": 0.85}) == (0.95, 0.85)
+    assert trace.fs_watermarks({"high_watermark": 0.9, "low_watermark": 0.97}) == (0.9, 0.9)
+    for bad in (0, 1.5, "high", True):
+        with pytest.raises(ValueError, match="low_watermark"):
+            trace.fs_watermarks({"low_watermark": bad})
 
 
 def test_a_salt_hashes_the_same_trace_into_other_keys() -> None:

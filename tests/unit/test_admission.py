@@ -249,10 +249,46 @@ def test_the_blocks_are_what_the_tier_holds_between_evictions_not_its_capacity()
     assert sig.blocks == int(1000 * sig.fill) // 10
     # A moving mean: a tier that now stays at its capacity is read as such.
     reading[0] = (1000, 1000)
-    for _ in range(10 * sig.FILL_READINGS):
+    for _ in range(5 * sig.FILL_READINGS):
         evicted[0] += 1
         sig.refresh()
     assert sig.fill == pytest.approx(1.0, abs=0.01) and sig.blocks >= 99
+    # No capacity any more: what it held says nothing of a limit set later.
+    reading[0] = None  # type: ignore[call-overload]
+    sig.refresh()
+    assert (sig.full, sig.blocks, sig.fill) == (False, 0, 1.0)
+
+
+def test_the_fill_counts_a_slow_evictors_whole_cycle() -> None:
+    # An evictor that takes 10 minutes (1,200 readings) to refill from 0.5 to
+    # 0.95: the readings after the eviction hold count too, or the fill would
+    # be the bottom of the cycle.
+    reading, evicted, now = [(950, 1000)], [0], [0.0]
+    sig = admission.CapacitySignal(lambda: reading[0], None, _Writes(), 10,
+                                   evictions=lambda: evicted[0], clock=lambda: now[0])
+    fills = []
+    for _cycle in range(4):
+        evicted[0] += 1
+        for i in range(1200):
+            reading[0] = (500 + 450 * i // 1199, 1000)
+            now[0] += 0.5
+            sig.refresh()
+            fills.append(sig.fill)
+    last = fills[-1200:]  # an average over about one cycle swings a little within it
+    assert sum(last) / len(last) == pytest.approx(0.725, abs=0.01)
+    assert min(last) > 0.67 and max(last) < 0.78
+
+
+def test_without_a_count_of_bytes_held_the_blocks_are_the_capacitys() -> None:
+    # s3 or a plugin without capacity_usage: the bytes this process wrote only
+    # grow; they are not what the tier holds.
+    writes, evicted = _Writes(), [0]
+    writes.objects_stored, writes.stored_bytes_written = 100, 500_000
+    sig = admission.CapacitySignal(None, 1_000_000, writes, 10, evictions=lambda: evicted[0])
+    for _ in range(10):
+        evicted[0] += 1
+        sig.refresh()
+    assert sig.fill == 1.0 and sig.blocks == 200
 
 
 def test_adaptive_writes_everything_while_the_tier_has_room(native) -> None:

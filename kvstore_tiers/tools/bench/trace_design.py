@@ -9,7 +9,8 @@ them: per request, its hit blocks are a load (``seen``) and its computed
 blocks not already cached are one store job (``admit``). ``reuse`` and
 ``adaptive`` run at the tier's default sketch width; ``adaptive`` reads the
 cache's fill as its capacity signal and runs its probe's update after every
-request (a tier's probe runs every :data:`~kvstore_tiers.admission.PROBE_INTERVAL_S`).
+request, its clock one :data:`~kvstore_tiers.admission.PROBE_INTERVAL_S` (a
+tier's probe interval) later each time.
 Beside them, from the same run: the exact reference policies (``always``,
 ``second sight``: write on the trace's second naming of a block). Then the
 same three policies behind a primary tier (an LRU of the longest request
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from kvstore_tiers.admission import (
+    PROBE_INTERVAL_S,
     AdaptivePolicy,
     CapacitySignal,
     FrequencySketch,
@@ -118,11 +120,14 @@ def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
     sketch = FrequencySketch(TierConfig.model_fields["admission_sketch_width"].default)
     gate: ReusePolicy | AdaptivePolicy | None = None
     requested = hit = tier_hit = written = evicted = 0
+    clock = 0.0
     if policy == "reuse":
         gate = ReusePolicy(sketch, min_sightings, counters)
     elif policy == "adaptive":
+        # The replay's own clock: one probe interval per request, so the
+        # eviction hold spans requests, not however long the machine takes.
         signal = CapacitySignal(lambda: (len(tier), room), None, _OneBlockFrames(), 1,
-                                evictions=lambda: evicted)
+                                evictions=lambda: evicted, clock=lambda: clock)
         gate = AdaptivePolicy(sketch, signal, counters)
     elif policy != "always":
         raise ValueError(f"no policy {policy!r} (have always, reuse, adaptive)")
@@ -177,6 +182,7 @@ def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
                         tier.popitem(last=False)
                         evicted += 1
         if isinstance(gate, AdaptivePolicy):
+            clock += PROBE_INTERVAL_S
             gate.signal.refresh()
             gate.update()
     return {"block_hit_rate": hit / requested if requested else 0.0,
