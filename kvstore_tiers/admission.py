@@ -166,10 +166,8 @@ class FrequencySketch:
     job on the scheduler thread): where ``+=`` can be interrupted (CPython
     before 3.11), a rare interleaving loses a few additions or ages the
     table once more, and a halving may overwrite a count made during it;
-    each only shifts an estimate by a sighting, :meth:`sightings` by a
-    job's keys (by up to half a period where a count lands across a
-    halving), or delays an admission. The adaptive policy's probe thread
-    reads only the samples and :meth:`sightings`.
+    each only shifts an estimate by a sighting or delays an admission.
+    The adaptive policy's probe thread reads only the samples.
     """
 
     def __init__(self, width: int, period: int | None = None, native: bool = True) -> None:
@@ -181,8 +179,6 @@ class FrequencySketch:
         self.period = period if period is not None else width
         self.additions = 0
         self.agings = 0
-        #: Additions taken away by ageing: with ``additions``, every sighting counted.
-        self._aged_additions = 0
         self._age_lock = threading.Lock()
         self._offer = _offer if native else _offer_py
         self._increment = _increment if native else _increment_py
@@ -221,12 +217,6 @@ class FrequencySketch:
         """How often ``key`` was seen (at least; at most 15), ageing applied."""
         return self._estimate(self.table, key, self.mask)
 
-    def sightings(self) -> int:
-        """Sightings counted since start, ageing or not (read under the ageing lock,
-        so a halving in progress is never seen half done)."""
-        with self._age_lock:
-            return self.additions + self._aged_additions
-
     def _added(self, n: int) -> None:
         self.additions += n
         if self.additions >= self.period:
@@ -237,7 +227,6 @@ class FrequencySketch:
             if self.additions < self.period:  # another thread has just aged it
                 return
             self.table[:] = self.table.translate(_HALVE)
-            self._aged_additions += self.additions - self.additions // 2
             self.additions //= 2
             self.agings += 1
 
@@ -425,25 +414,24 @@ class AdaptivePolicy:
 
     So the policy runs both, in miniature (W-TinyLFU's admission window and
     ghost entries in one mechanism): a hash sample of one sighting in
-    ``256 // sample_limit`` (by the key's last hash byte, uniform) drives two small
-    LRU caches of the blocks a full tier holds (:attr:`CapacitySignal.blocks`)
-    scaled by the same fraction, one writing every block, one writing blocks whose sketch count has
-    reached 2. Their hits, halved every eight capacities of sampled
-    sightings so that the choice follows the workload, choose the threshold:
-    1 while write-everything's hits exceed the gated one's by more than
-    ``margin`` per sighting the tier counts (offers and loads; 0.04: 4 hits
-    per 100 sightings; writes cost something, so near a tie fewer writes
-    win), else 2. Ageing of the sketch
-    forgets a first sighting, so a block that was not admitted is tried
-    again later instead of being shut out for good.
+    ``256 // sample_limit`` (by the key's last hash byte, uniform) drives two
+    small LRU caches of the blocks a full tier holds
+    (:attr:`CapacitySignal.blocks`) scaled by the same fraction, one writing
+    every block, one writing blocks whose sketch count has reached 2. Each
+    counts its hits and its writes, halved every eight capacities of
+    sampled sightings so that the choice follows the workload. Each scores
+    its hits less ``write_cost`` per write (0.08 of a hit by default; the
+    admission docs say how it was chosen), and the better score chooses the
+    threshold: 1 while writing everything scores higher, else 2. So writing
+    everything must earn more than ``write_cost`` hits per write it adds.
+    Ageing of the sketch forgets a first sighting, so a block that was not
+    admitted is tried again later instead of being shut out for good.
 
-    The choice is a difference of hits over all sightings, not a ratio of
-    the two miniatures' hits: a hot block that happens to be in the sample
-    (a system prompt's, in nearly every request) is a hit in both
-    miniatures. It adds the same to both counts, which leaves their
-    difference as it was but pulls their ratio towards 1. The divisor is
-    every sighting the sketch counted times the sample's fraction, which
-    such a block does not inflate either.
+    Hits and writes of the miniatures, not a ratio of their hits: a hot block
+    that happens to be in the sample (a system prompt's, in nearly every
+    request) is a hit in both miniatures and a write in neither. It leaves
+    the difference of their hits and of their writes as they were, where it
+    would pull the ratio of their hits towards 1.
 
     :meth:`admit` (scheduler thread) and :meth:`seen` (an I/O thread) are
     one C call each, which counts the sightings and appends the sampled
@@ -455,12 +443,12 @@ class AdaptivePolicy:
     """
 
     def __init__(self, sketch: FrequencySketch, signal: CapacitySignal,
-                 counters: SkipCounters, sample_limit: int = 16, margin: float = 0.04) -> None:
+                 counters: SkipCounters, sample_limit: int = 16, write_cost: float = 0.08) -> None:
         self.sketch = sketch
         self.signal = signal
         self.counters = counters
         self.sample_limit = sample_limit
-        self.margin = margin
+        self.write_cost = write_cost
         #: The gate's threshold once the tier is full (read by the scheduler thread).
         self.threshold = 2
         #: Sampled sightings, flat: [key, count, key, count, ...], for update().
@@ -469,10 +457,8 @@ class AdaptivePolicy:
         self._gated: OrderedDict[bytes, None] = OrderedDict()
         self.hits_write_all = 0.0
         self.hits_gated = 0.0
-        #: Sightings the sample should have had (all the sketch counted, times
-        #: its fraction), halved with the hits: the divisor of their difference.
-        self.expected_samples = 0.0
-        self._sightings = 0
+        self.writes_write_all = 0.0
+        self.writes_gated = 0.0
         self._refs = 0
         self._probe: AdmissionProbe | None = None
 
@@ -491,25 +477,15 @@ class AdaptivePolicy:
     def update(self) -> None:
         """Run the sampled sightings through the miniatures; choose the threshold."""
         cap = max(1, self.signal.blocks * self.sample_limit // 256)
-        sightings = self.sketch.sightings()
-        # A lost += on another thread can make the count step back by a job.
-        expected = max(0, sightings - self._sightings) * self.sample_limit / 256
-        self._sightings = sightings
         # Take the list, leave a new one. Another thread may still append to
         # the old one if it read the attribute just before: the loop's
         # range is fixed at its start, so those few sightings go unsampled.
         flat, self._samples = self._samples, []
-        n = len(flat) // 2
-        # The divisor accrues with the samples, so that a halving in the
-        # loop halves the hits and the divisor of the same sightings.
-        share = expected / n if n else 0.0
-        for i in range(0, 2 * n, 2):
-            self.expected_samples += share
+        for i in range(0, len(flat) - 1, 2):
             self._sighting(flat[i], flat[i + 1], cap)  # type: ignore[arg-type]
-        if not n:
-            self.expected_samples += expected
         gain = self.hits_write_all - self.hits_gated
-        self.threshold = 1 if gain > self.margin * self.expected_samples else 2
+        added = self.writes_write_all - self.writes_gated
+        self.threshold = 1 if gain > self.write_cost * added else 2
 
     def _sighting(self, key: bytes, count: int, cap: int) -> None:
         """One sampled sighting (``count``: the sketch's, with it) through both miniatures."""
@@ -519,11 +495,13 @@ class AdaptivePolicy:
             self.hits_write_all += 1
         else:
             write_all[key] = None
+            self.writes_write_all += 1
         if key in gated:
             gated.move_to_end(key)
             self.hits_gated += 1
         elif count >= 2:
             gated[key] = None
+            self.writes_gated += 1
         for mini in (write_all, gated):
             while len(mini) > cap:
                 mini.popitem(last=False)
@@ -532,7 +510,8 @@ class AdaptivePolicy:
             self._refs = 0
             self.hits_write_all /= 2
             self.hits_gated /= 2
-            self.expected_samples /= 2
+            self.writes_write_all /= 2
+            self.writes_gated /= 2
 
     def start(self, interval_s: float) -> None:
         """Refresh the capacity signal and :meth:`update` every ``interval_s``, in a thread."""

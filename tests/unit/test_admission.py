@@ -354,62 +354,48 @@ def test_a_hot_block_in_the_sample_does_not_hide_what_writing_everything_gains()
     assert policy.threshold == 1
 
 
-def _unsampled_keys(n: int, seed: int) -> list[bytes]:
-    """Keys no sample takes (the last hash byte is 255)."""
-    return [k[:31] + b"\xff" + k[32:] for k in make_keys(n, seed=seed)]
-
-
-def test_the_gain_counts_against_every_sighting_not_only_the_sampled_ones() -> None:
-    # 100 sampled blocks, each read again at once: writing everything gains
-    # a hit on each, an estimated 1,600 over the whole traffic (the sample
-    # is 1 in 16). Among 64,000 sightings of blocks outside the sample that
-    # is 2.5 per 100 sightings, under the margin of 4: the gate stays.
-    reread, other = _sampled_keys(100, seed=17), _unsampled_keys(64_000, seed=18)
-
-    def run(others_per_block: int) -> admission.AdaptivePolicy:
-        policy = admission.AdaptivePolicy(FrequencySketch(1 << 18),
-                                          _signal(2_560_000, 2_560_000), TierCounters())
-        n = 5 * others_per_block
-        for j, i in enumerate(range(0, 100, 5)):
-            policy.admit(reread[i:i + 5] + other[j * n:(j + 1) * n])
-            policy.seen(reread[i:i + 5])
-        policy.update()
-        return policy
-
-    policy = run(640)
-    # (The gated miniature may hit a block the sketch overcounted at first sight.)
-    assert policy.hits_write_all == 100 and policy.hits_gated <= 5
-    assert policy.expected_samples == pytest.approx(policy.sketch.sightings() / 16)
-    assert policy.threshold == 2
-    # Among 8,000 other sightings the same gain is 19 per 100: write everything.
-    assert run(80).threshold == 1
-
-
-def test_the_divisor_halves_with_the_hits_of_the_same_sightings() -> None:
-    # One update over many halvings (a probe that fell behind): the divisor
-    # must not be added whole and then halved part-way, or the gain per
-    # sighting reads far above what it is.
-    policy = admission.AdaptivePolicy(FrequencySketch(1 << 16), _signal(160_000, 160_000),
-                                      TierCounters())  # miniatures of 10 blocks
-    keys = _sampled_keys(4000, seed=19)
-    for i in range(0, 4000, 10):
-        policy.admit(keys[i:i + 10])
-        policy.seen(keys[i:i + 10])
+def _reuse_among_one_timers(once_per_reuse: int, groups: int, tier_bytes: int = 2_560_000
+                            ) -> admission.AdaptivePolicy:
+    """Sampled blocks, each read again at once, each followed by
+    ``once_per_reuse`` sampled blocks never seen again: writing everything
+    gains a hit per group (the gated miniature writes the reused block at its
+    second sighting) and adds ``once_per_reuse`` writes."""
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 18), _signal(tier_bytes, tier_bytes),
+                                      TierCounters())
+    again = _sampled_keys(groups, seed=17)
+    once = _sampled_keys(groups * once_per_reuse, seed=18)
+    for i, k in enumerate(again):
+        policy.admit([k])
+        policy.seen([k])
+        policy.admit(once[i * once_per_reuse:(i + 1) * once_per_reuse])
     policy.update()
-    assert policy.expected_samples < policy.sketch.sightings() / 16 / 4  # halved many times
-    # Every sighting is sampled here, so the divisor is a sixteenth of the
-    # sampled sightings: write-everything gains a hit on every second one.
-    gain = policy.hits_write_all - policy.hits_gated
-    assert gain / policy.expected_samples == pytest.approx(0.5 * 16, rel=0.15)
+    return policy
 
 
-def test_the_sketch_counts_every_sighting_across_ageing(native) -> None:
-    sketch = FrequencySketch(1 << 10, period=64, native=native)
-    for seed in range(20):
-        sketch.offer(make_keys(10, seed=seed), 2)
-        sketch.increment(make_keys(3, seed=seed))
-    assert sketch.agings >= 3
-    assert sketch.sightings() == 20 * 13
+def test_writing_everything_must_earn_its_cost_in_hits_per_write_it_adds() -> None:
+    # 0.08 of a hit per write by default: a hit per 5 added writes pays,
+    # a hit per 20 does not.
+    pays = _reuse_among_one_timers(5, 20)
+    assert pays.hits_write_all - pays.hits_gated == 20
+    assert pays.writes_write_all - pays.writes_gated == 100
+    assert pays.threshold == 1
+    costs = _reuse_among_one_timers(20, 20)
+    assert costs.hits_write_all - costs.hits_gated == 20
+    assert costs.writes_write_all - costs.writes_gated == 400
+    assert costs.threshold == 2
+
+
+def test_hits_and_writes_halve_together() -> None:
+    # One update over many halvings (a probe that fell behind; miniatures of
+    # 10 blocks, halved every 80 sampled sightings): the hits gained per
+    # write added stay what the traffic gives.
+    for once_per_reuse, threshold in ((5, 1), (20, 2)):
+        policy = _reuse_among_one_timers(once_per_reuse, 400, tier_bytes=160_000)
+        gain = policy.hits_write_all - policy.hits_gated
+        added = policy.writes_write_all - policy.writes_gated
+        assert gain < 40 and added < 40 * once_per_reuse  # halved many times
+        assert gain / added == pytest.approx(1 / once_per_reuse, rel=0.15)
+        assert policy.threshold == threshold
 
 
 def test_the_miniatures_choose_the_gate_when_one_time_blocks_would_flush_the_tier() -> None:
