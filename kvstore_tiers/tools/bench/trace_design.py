@@ -1,6 +1,7 @@
 """A block-level replay of a trace through the admission policies themselves.
 
 ``python -m kvstore_tiers.tools.bench.trace_design TRACE [--requests N] [--json F]``
+(``--help`` for the rest)
 
 The replay of :mod:`.trace_reference` (one LRU cache of C blocks, prefix
 semantics, nothing in flight), with each computed block's admission decided
@@ -93,7 +94,8 @@ def primary_blocks(requests: Sequence[TraceRequest]) -> int:
 def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
                   min_sightings: int = 2, primary: int = 0,
                   key: Callable[[int], bytes] = block_key,
-                  watermarks: tuple[float, float] | None = None) -> dict[str, Any]:
+                  watermarks: tuple[float, float] | None = None,
+                  write_cost: float | None = None) -> dict[str, Any]:
     """Replay ``requests`` through an LRU tier of ``capacity`` blocks, admission by
     ``policy`` (``always``, or ``reuse``/``adaptive``: the tier's objects at its
     default sketch width).
@@ -109,6 +111,8 @@ def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
     it, the room sized so that the band's middle is ``capacity`` blocks (as
     ``bench --trace`` sizes ``max_bytes``); ``adaptive`` reads the room as
     its capacity.
+
+    ``write_cost``: ``adaptive``'s, in hits per write (None: the policy's default).
     """
     room, high, low = capacity, capacity, capacity
     if watermarks is not None:
@@ -128,7 +132,8 @@ def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
         # eviction hold spans requests, not however long the machine takes.
         signal = CapacitySignal(lambda: (len(tier), room), None, _OneBlockFrames(), 1,
                                 evictions=lambda: evicted, clock=lambda: clock)
-        gate = AdaptivePolicy(sketch, signal, counters)
+        gate = AdaptivePolicy(sketch, signal, counters,
+                              **({} if write_cost is None else {"write_cost": write_cost}))
     elif policy != "always":
         raise ValueError(f"no policy {policy!r} (have always, reuse, adaptive)")
 
@@ -241,7 +246,8 @@ def first_sight_sources(requests: Sequence[TraceRequest], capacity: int) -> dict
 
 def run(requests: Sequence[TraceRequest], percents: Sequence[float] = PERCENTS,
         min_sightings: int = 2, salt: str = "",
-        watermarks: tuple[float, float] | None = None) -> dict[str, Any]:
+        watermarks: tuple[float, float] | None = None,
+        write_cost: float | None = None) -> dict[str, Any]:
     distinct = distinct_blocks(list(requests))
     primary = primary_blocks(requests)
     key = salted_key(salt)
@@ -255,11 +261,12 @@ def run(requests: Sequence[TraceRequest], percents: Sequence[float] = PERCENTS,
                          "evictions": ref.evictions}
         for pol in ("reuse", "adaptive"):
             row[pol] = policy_replay(requests, cap, pol, min_sightings, key=key,
-                                     watermarks=watermarks)
+                                     watermarks=watermarks, write_cost=write_cost)
         for pol in ("always", "reuse", "adaptive"):
             row[f"{pol}_behind_primary"] = policy_replay(requests, cap, pol, min_sightings,
                                                          primary=primary, key=key,
-                                                         watermarks=watermarks)
+                                                         watermarks=watermarks,
+                                                         write_cost=write_cost)
         row["first_sight"] = first_sight_sources(requests, cap)
         rows.append(row)
         print(f"{pct:g} %: " + "; ".join(
@@ -267,7 +274,7 @@ def run(requests: Sequence[TraceRequest], percents: Sequence[float] = PERCENTS,
             for k in ("always", "second_sight", "reuse", "adaptive", "always_behind_primary",
                       "reuse_behind_primary", "adaptive_behind_primary")), flush=True)
     return {"requests": len(requests), "distinct_blocks": distinct, "primary_blocks": primary,
-            "salt": salt, "watermarks": watermarks, "rows": rows}
+            "salt": salt, "watermarks": watermarks, "write_cost": write_cost, "rows": rows}
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -316,13 +323,18 @@ def main(argv: list[str] | None = None) -> None:
                     help="the policies' tier evicts in rounds between these shares of "
                     "its room, as an fs evictor does (bench --trace: 0.95 0.5); the exact "
                     "references stay plain LRU caches")
+    ap.add_argument("--write-cost", type=float, help="adaptive's cost of a write in hits "
+                    "(default: the policy's)")
     ap.add_argument("--json", type=Path, help="write the full result here")
     args = ap.parse_args(argv)
     if args.watermarks and not 0 < args.watermarks[1] <= args.watermarks[0] <= 1:
         ap.error("--watermarks: need 0 < LOW <= HIGH <= 1")
+    if args.write_cost is not None and not args.write_cost >= 0:
+        ap.error("--write-cost: need a number >= 0")
     t0 = time.monotonic()
     result = run(load(args.trace, args.requests), args.percent or PERCENTS, salt=args.salt,
-                 watermarks=tuple(args.watermarks) if args.watermarks else None)
+                 watermarks=tuple(args.watermarks) if args.watermarks else None,
+                 write_cost=args.write_cost)
     result["seconds"] = round(time.monotonic() - t0, 1)
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
