@@ -288,6 +288,9 @@ def select(keys: list[bytes], cids: list[int], admitted: Sequence[int]
 #: How often the adaptive policy's probe reads the capacity and runs its miniatures.
 PROBE_INTERVAL_S = 0.5
 
+#: What a write costs the adaptive policy, in hits (the ``admission_write_cost`` default).
+WRITE_COST = 0.08
+
 #: Bytes used, bytes allowed (None: unknown or unbounded); may do I/O.
 UsageReader = Callable[[], "tuple[int, int] | None"]
 
@@ -420,8 +423,8 @@ class AdaptivePolicy:
     every block, one writing blocks whose sketch count has reached 2. Each
     counts its hits and its writes, halved every eight capacities of
     sampled sightings so that the choice follows the workload. Each scores
-    its hits less ``write_cost`` per write (0.08 of a hit by default; the
-    admission docs say how it was chosen), and the better score chooses the
+    its hits less ``write_cost`` per write (:data:`WRITE_COST`, 0.08 of a
+    hit, by default; the admission docs say how it was chosen), and the better score chooses the
     threshold: 1 while writing everything scores higher, else 2. So writing
     everything must earn more than ``write_cost`` hits per write it adds.
     Ageing of the sketch forgets a first sighting, so a block that was not
@@ -443,7 +446,8 @@ class AdaptivePolicy:
     """
 
     def __init__(self, sketch: FrequencySketch, signal: CapacitySignal,
-                 counters: SkipCounters, sample_limit: int = 16, write_cost: float = 0.08) -> None:
+                 counters: SkipCounters, sample_limit: int = 16,
+                 write_cost: float = WRITE_COST) -> None:
         self.sketch = sketch
         self.signal = signal
         self.counters = counters

@@ -131,6 +131,7 @@ def admission_policy(config: TierConfig, backend: Backend, counters: TierCounter
     signal = CapacitySignal(usage, config.admission_capacity_bytes, counters, row_bytes,
                             evictions=lambda: backend.evicted_for_capacity)
     signal.refresh()
-    policy = AdaptivePolicy(sketch, signal, counters)
+    policy = AdaptivePolicy(sketch, signal, counters,
+                            write_cost=config.admission_write_cost)
     policy.start(PROBE_INTERVAL_S)
     return policy

@@ -17,6 +17,7 @@ from urllib.parse import SplitResult
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from kvstore_tiers.admission import WRITE_COST
 from kvstore_tiers.errors import ConfigError
 
 Compression = Literal["none", "zstd", "kvsplit", "auto"]
@@ -83,6 +84,13 @@ class TierConfig(BaseModel):
         "sketch: 4 x this many one-byte counters (a power of two; 1 MiB at the default). "
         "Counters are halved every admission_sketch_width sightings. Make it at least the "
         "number of distinct blocks offered between two halvings; used by reuse and adaptive.",
+    )
+    admission_write_cost: float = Field(
+        WRITE_COST, ge=0, le=1, description="adaptive: what a write costs, in hits. Once "
+        "the tier is full, it writes every block only while that earns more than this many "
+        "hits per write it adds over writing from the second sighting. Raise it where "
+        "writes are dear (s3 PUTs, a Redis whose memory is shared), lower it where they "
+        "are cheap.",
     )
     admission_capacity_bytes: int | None = Field(
         None, ge=1 << 20, le=1 << 60, description="adaptive: the tier's capacity in bytes, "

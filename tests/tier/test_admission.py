@@ -145,6 +145,17 @@ def test_adaptive_writes_everything_below_capacity_and_gates_when_full(
     assert _lookup(h, new) == [HIT] * 4
 
 
+def test_adaptive_takes_the_write_cost_the_tier_is_given(harness_factory, tmp_path) -> None:
+    from kvstore_tiers.admission import WRITE_COST
+
+    costs = []
+    for i, extra in enumerate(({}, {"admission_write_cost": 0.3})):
+        h = harness_factory([{"type": "fs", "root_dir": str(tmp_path / str(i)),
+                              "admission": "adaptive", **extra}], num_chunks=4, chunk_bytes=4096)
+        costs.append(h.tiers[0]._admission.write_cost)
+    assert costs == [WRITE_COST, 0.3]
+
+
 def test_adaptive_holds_a_tier_that_evicted_lately_full(harness_factory, tmp_path) -> None:
     """fs evicting down to half its max_bytes: between rounds the tier holds less
     than the full fraction, and still counts as full (the next round comes)."""

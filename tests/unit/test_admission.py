@@ -147,6 +147,8 @@ def test_select_keeps_keys_and_their_chunk_ids_together() -> None:
     ("admission_min_sightings", 16),
     ("admission_sketch_width", 3000),
     ("admission_sketch_width", 512),
+    ("admission_write_cost", -0.1),
+    ("admission_write_cost", 2),
 ])
 def test_bad_admission_keys_fail_naming_the_key(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"key '{key}'"):
@@ -157,6 +159,7 @@ def test_admission_defaults_keep_writing_everything() -> None:
     config = TierConfig()
     assert config.admission == "always"
     assert config.admission_sketch_width == 1 << 18
+    assert config.admission_write_cost == admission.WRITE_COST == 0.08
 
 
 # -- adaptive --------------------------------------------------------------------------
