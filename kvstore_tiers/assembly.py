@@ -11,6 +11,14 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from kvstore_tiers.admission import (
+    PROBE_INTERVAL_S,
+    AdaptivePolicy,
+    CapacitySignal,
+    FrequencySketch,
+    Policy,
+    ReusePolicy,
+)
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.fingerprint import FingerprintError
@@ -21,7 +29,6 @@ from kvstore_tiers.pool import IOPool
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingEvent, OffloadingSpec
 
-    from kvstore_tiers.admission import Policy
     from kvstore_tiers.backends.base import Backend, IOTuning
     from kvstore_tiers.codecs import CodecId
     from kvstore_tiers.crypto import PayloadCipher
@@ -114,14 +121,6 @@ def admission_policy(config: TierConfig, backend: Backend, counters: TierCounter
     """The tier's store admission policy; None for ``admission: always`` (no call at all).
 
     ``adaptive`` starts its probe thread here (stopped by the policy's ``close``)."""
-    from kvstore_tiers.admission import (
-        PROBE_INTERVAL_S,
-        AdaptivePolicy,
-        CapacitySignal,
-        FrequencySketch,
-        ReusePolicy,
-    )
-
     if config.admission == "always":
         return None
     sketch = FrequencySketch(config.admission_sketch_width)

@@ -86,11 +86,12 @@ class TierConfig(BaseModel):
         "number of distinct blocks offered between two halvings; used by reuse and adaptive.",
     )
     admission_write_cost: float = Field(
-        WRITE_COST, ge=0, le=1, description="adaptive: what a write costs, in hits. Once "
-        "the tier is full, it writes every block only while that earns more than this many "
-        "hits per write it adds over writing from the second sighting. Raise it where "
-        "writes are dear (s3 PUTs, a Redis whose memory is shared), lower it where they "
-        "are cheap.",
+        WRITE_COST, ge=0, le=1, description="adaptive: what a block write costs, in block "
+        "hits. Once the tier is full, it writes every block only while that earns more than "
+        "this many hits per write it adds over writing from the second sighting (0.08: 8 "
+        "hits per 100 more writes). Raise it where writes are dear (s3 PUTs, with "
+        "admission_capacity_bytes; a Redis whose memory is shared), lower it where they are "
+        "cheap; for a gate at every size, use admission: reuse.",
     )
     admission_capacity_bytes: int | None = Field(
         None, ge=1 << 20, le=1 << 60, description="adaptive: the tier's capacity in bytes, "

@@ -106,26 +106,37 @@ def test_design_replay_drives_the_policy_objects_as_a_tier_does() -> None:
         trace_design.policy_replay(TINY, 3, "sometimes")
 
 
-def test_design_replay_passes_adaptives_write_cost() -> None:
+def test_design_replay_passes_adaptives_write_cost(monkeypatch) -> None:
     from kvstore_tiers.tools.bench import trace, trace_design
 
     def sampled(block_id: int) -> bytes:  # every key in adaptive's hash sample
         k = trace.block_key(block_id)
         return k[:-5] + b"\0" + k[-4:]
 
-    # Each block read again at once, then one never seen again: once the
-    # tier of 16 is full, writing everything gains a hit per write it adds.
-    groups = [[_req([2 * i]), _req([2 * i]), _req([2 * i + 1])] for i in range(300)]
+    # Each block read again at once, then two never seen again: once the
+    # tier of 16 is full, writing everything gains a hit per two writes it adds.
+    groups = [[_req([3 * i]), _req([3 * i]), _req([3 * i + 1]), _req([3 * i + 2])]
+              for i in range(300)]
     reqs = [r for g in groups for r in g]
 
     def replay(cost: float) -> tuple[float, int]:
         r = trace_design.policy_replay(reqs, 16, "adaptive", key=sampled, write_cost=cost)
         return r["block_hit_rate"], r["blocks_written"]
 
-    pays, costs = replay(0.5), replay(2.0)
-    assert pays == (1 / 3, 600)  # every block written, every second request served
-    assert costs[0] < 0.01 and costs[1] < 400  # gated: written at the second sighting
+    pays, costs = replay(0.2), replay(0.8)
+    assert pays == (1 / 4, 900)  # every block written, each group's second request served
+    assert costs[0] < 0.02 and costs[1] < 400  # gated: written at its second sighting
+
+    passed = []
+    replay_one = trace_design.policy_replay
+
+    def spy(*args, **kwargs):
+        passed.append(kwargs.get("write_cost"))
+        return replay_one(*args, **kwargs)
+
+    monkeypatch.setattr(trace_design, "policy_replay", spy)
     assert trace_design.run(TINY, [100.0], write_cost=0.5)["write_cost"] == 0.5
+    assert len(passed) == 5 and set(passed) == {0.5}
 
 
 def test_design_replay_evicts_in_rounds_between_watermarks() -> None:

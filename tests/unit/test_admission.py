@@ -147,12 +147,18 @@ def test_select_keeps_keys_and_their_chunk_ids_together() -> None:
     ("admission_min_sightings", 16),
     ("admission_sketch_width", 3000),
     ("admission_sketch_width", 512),
-    ("admission_write_cost", -0.1),
-    ("admission_write_cost", 2),
 ])
 def test_bad_admission_keys_fail_naming_the_key(key: str, value: object) -> None:
     with pytest.raises(ConfigError, match=f"key '{key}'"):
         validate_config(TierConfig, "fs", {key: value})
+
+
+@pytest.mark.parametrize("value", [-0.1, 2])
+def test_a_write_cost_out_of_range_fails_naming_the_key(value: float) -> None:
+    # Out of range, not an unknown key.
+    with pytest.raises(ConfigError, match=r"key 'admission_write_cost': Input should be "
+                       r"(greater|less) than or equal"):
+        validate_config(TierConfig, "fs", {"admission_write_cost": value})
 
 
 def test_admission_defaults_keep_writing_everything() -> None:
@@ -348,12 +354,16 @@ def test_a_hot_block_in_the_sample_does_not_hide_what_writing_everything_gains()
                                       TierCounters())
     prompt = _sampled_keys(8, seed=15)
     fresh = make_keys(50 * 200, seed=16)  # 1 in 16 sampled, by their hash
+    once = make_keys(100 * 200, seed=21)  # stored, never read: writes, no hits
     for i in range(200):  # each turn's blocks are stored, then loaded once
         turn = prompt + fresh[i * 50:(i + 1) * 50]
-        policy.admit(turn)
+        policy.admit(turn + once[i * 100:(i + 1) * 100])
         policy.seen(turn)
     policy.update()
     assert policy.hits_write_all < 1.25 * policy.hits_gated  # a ratio would gate here
+    # A hit per two writes it adds: well over the cost of a write.
+    added = policy.writes_write_all - policy.writes_gated
+    assert policy.hits_write_all - policy.hits_gated > 0.3 * added > 0
     assert policy.threshold == 1
 
 
@@ -379,13 +389,13 @@ def test_writing_everything_must_earn_its_cost_in_hits_per_write_it_adds() -> No
     # 0.08 of a hit per write by default: a hit per 5 added writes pays,
     # a hit per 20 does not.
     pays = _reuse_among_one_timers(5, 20)
+    assert pays.threshold == 1
     assert pays.hits_write_all - pays.hits_gated == 20
     assert pays.writes_write_all - pays.writes_gated == 100
-    assert pays.threshold == 1
     costs = _reuse_among_one_timers(20, 20)
+    assert costs.threshold == 2
     assert costs.hits_write_all - costs.hits_gated == 20
     assert costs.writes_write_all - costs.writes_gated == 400
-    assert costs.threshold == 2
 
 
 def test_hits_and_writes_halve_together() -> None:

@@ -323,14 +323,14 @@ def main(argv: list[str] | None = None) -> None:
                     help="the policies' tier evicts in rounds between these shares of "
                     "its room, as an fs evictor does (bench --trace: 0.95 0.5); the exact "
                     "references stay plain LRU caches")
-    ap.add_argument("--write-cost", type=float, help="adaptive's cost of a write in hits "
-                    "(default: the policy's)")
+    ap.add_argument("--write-cost", type=float, help="adaptive's cost of a write in hits, "
+                    "0-1, as the tier's admission_write_cost (default: its default)")
     ap.add_argument("--json", type=Path, help="write the full result here")
     args = ap.parse_args(argv)
     if args.watermarks and not 0 < args.watermarks[1] <= args.watermarks[0] <= 1:
         ap.error("--watermarks: need 0 < LOW <= HIGH <= 1")
-    if args.write_cost is not None and not args.write_cost >= 0:
-        ap.error("--write-cost: need a number >= 0")
+    if args.write_cost is not None and not 0 <= args.write_cost <= 1:
+        ap.error("--write-cost: need 0 <= C <= 1")
     t0 = time.monotonic()
     result = run(load(args.trace, args.requests), args.percent or PERCENTS, salt=args.salt,
                  watermarks=tuple(args.watermarks) if args.watermarks else None,
