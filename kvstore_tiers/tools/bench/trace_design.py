@@ -43,6 +43,7 @@ from typing import Any
 
 from kvstore_tiers.admission import (
     PROBE_INTERVAL_S,
+    WRITE_COST,
     AdaptivePolicy,
     CapacitySignal,
     FrequencySketch,
@@ -95,7 +96,7 @@ def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
                   min_sightings: int = 2, primary: int = 0,
                   key: Callable[[int], bytes] = block_key,
                   watermarks: tuple[float, float] | None = None,
-                  write_cost: float | None = None) -> dict[str, Any]:
+                  write_cost: float = WRITE_COST) -> dict[str, Any]:
     """Replay ``requests`` through an LRU tier of ``capacity`` blocks, admission by
     ``policy`` (``always``, or ``reuse``/``adaptive``: the tier's objects at its
     default sketch width).
@@ -112,7 +113,7 @@ def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
     ``bench --trace`` sizes ``max_bytes``); ``adaptive`` reads the room as
     its capacity.
 
-    ``write_cost``: ``adaptive``'s, in hits per write (None: the policy's default).
+    ``write_cost``: ``adaptive``'s, in hits per write (the tier's default unless given).
     """
     room, high, low = capacity, capacity, capacity
     if watermarks is not None:
@@ -132,8 +133,7 @@ def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
         # eviction hold spans requests, not however long the machine takes.
         signal = CapacitySignal(lambda: (len(tier), room), None, _OneBlockFrames(), 1,
                                 evictions=lambda: evicted, clock=lambda: clock)
-        gate = AdaptivePolicy(sketch, signal, counters,
-                              **({} if write_cost is None else {"write_cost": write_cost}))
+        gate = AdaptivePolicy(sketch, signal, counters, write_cost=write_cost)
     elif policy != "always":
         raise ValueError(f"no policy {policy!r} (have always, reuse, adaptive)")
 
@@ -247,7 +247,7 @@ def first_sight_sources(requests: Sequence[TraceRequest], capacity: int) -> dict
 def run(requests: Sequence[TraceRequest], percents: Sequence[float] = PERCENTS,
         min_sightings: int = 2, salt: str = "",
         watermarks: tuple[float, float] | None = None,
-        write_cost: float | None = None) -> dict[str, Any]:
+        write_cost: float = WRITE_COST) -> dict[str, Any]:
     distinct = distinct_blocks(list(requests))
     primary = primary_blocks(requests)
     key = salted_key(salt)
@@ -323,13 +323,14 @@ def main(argv: list[str] | None = None) -> None:
                     help="the policies' tier evicts in rounds between these shares of "
                     "its room, as an fs evictor does (bench --trace: 0.95 0.5); the exact "
                     "references stay plain LRU caches")
-    ap.add_argument("--write-cost", type=float, help="adaptive's cost of a write in hits, "
-                    "0-1, as the tier's admission_write_cost (default: its default)")
+    ap.add_argument("--write-cost", type=float, default=WRITE_COST, help="adaptive's cost "
+                    "of a write in hits, 0-1, as the tier's admission_write_cost (default: "
+                    "%(default)s, its default)")
     ap.add_argument("--json", type=Path, help="write the full result here")
     args = ap.parse_args(argv)
     if args.watermarks and not 0 < args.watermarks[1] <= args.watermarks[0] <= 1:
         ap.error("--watermarks: need 0 < LOW <= HIGH <= 1")
-    if args.write_cost is not None and not 0 <= args.write_cost <= 1:
+    if not 0 <= args.write_cost <= 1:
         ap.error("--write-cost: need 0 <= C <= 1")
     t0 = time.monotonic()
     result = run(load(args.trace, args.requests), args.percent or PERCENTS, salt=args.salt,
