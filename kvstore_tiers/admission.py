@@ -13,13 +13,16 @@ tier's ``admission`` key picks a policy:
   gate by frequency, with the gate's threshold chosen by measurement
   (:class:`AdaptivePolicy`).
 
-One job: the admission decision. The tier calls :meth:`Policy.admit` once
-per store job, on vLLM's scheduler thread, after the presence index has
-dropped the keys already stored; keys not admitted are simply not stored.
-:meth:`Policy.seen` counts a load job's keys, once per job, on the I/O
-thread that runs it. The per-key work (four counter updates)
-runs in C (``_sketch.c``) when it is compiled, in the Python twins below
-otherwise; a test checks both agree.
+One job: the admission decision. Neither call runs on vLLM's scheduler
+thread. :meth:`Policy.admit` decides a store job's keys once, on the I/O
+thread that takes the job's first batch (``Job.start``, under the pool's
+lock, before any of its blocks is written), after the presence index has
+dropped the keys already stored; keys not admitted are simply not stored,
+and the tier's ledger counts them (in the counter the policy's
+``skip_counter`` names). :meth:`Policy.seen` counts a load job's keys, once
+per job, on the I/O thread that runs it. The per-key work (four counter
+updates) runs in C (``_sketch.c``) when it is compiled, in the Python
+twins below otherwise; a test checks both agree.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable
+from typing import ClassVar, Protocol
 
 logger = logging.getLogger(__name__)
 
@@ -157,16 +160,16 @@ class FrequencySketch:
     slices of the hash mixed with the group (:func:`_row_slots`); no hashing
     is needed.
 
-    Two threads count: vLLM's scheduler thread offers a store job's keys
-    (:meth:`offer`), the I/O thread that runs a load counts its keys
+    I/O threads count: the one that starts a store job offers its keys
+    (:meth:`offer`), the one that runs a load counts its keys
     (:meth:`increment`). With the C kernels each count is one call under
     the GIL, so no counter is torn. Ageing is under a lock and checks the
     period again, so two threads crossing it at once halve the table once.
-    The count of additions is updated outside the lock (one lock less per
-    job on the scheduler thread): where ``+=`` can be interrupted (CPython
-    before 3.11), a rare interleaving loses a few additions or ages the
-    table once more, and a halving may overwrite a count made during it;
-    each only shifts an estimate by a sighting or delays an admission.
+    The count of additions is updated outside that lock: where ``+=`` can
+    be interrupted (CPython before 3.11), a rare interleaving loses a few
+    additions or ages the table once more, and a halving may overwrite a
+    count made during it; each only shifts an estimate by a sighting or
+    delays an admission.
     The adaptive policy's probe thread reads only the samples.
     """
 
@@ -198,13 +201,11 @@ class FrequencySketch:
         one before the group index, below ``limit``: ``limit`` in 256 keys) is
         appended to it with its count after this sighting, while the list
         holds fewer than :data:`SAMPLES_MAX` items. In the same C call: the
-        adaptive policy's miniatures cost the scheduler thread no call of
+        adaptive policy's miniatures cost the admitting thread no call of
         their own.
         """
         admitted = self._offer(self.table, keys, self.mask, threshold, limit, samples)
-        self.additions += len(keys)  # inline, not _added(): one call less per job
-        if self.additions >= self.period:
-            self._age()
+        self._added(len(keys))
         return admitted
 
     def increment(self, keys: list[bytes], limit: int = 0,
@@ -231,19 +232,16 @@ class FrequencySketch:
             self.agings += 1
 
 
-class SkipCounters(Protocol):
-    """Where a policy counts the stores it did not admit (the tier's counters)."""
-
-    stores_not_admitted_rare: int
-    stores_not_admitted_cold: int
-
-
 class Policy(Protocol):
     """An admission policy, as the tier calls it (once per job: see the module doc)."""
 
+    #: The tier counter (``TierCounters`` field) of the blocks it does not admit.
+    skip_counter: ClassVar[str]
+
     def admit(self, keys: list[bytes]) -> list[int] | None:
         """A store job offers ``keys``: None to store them all, else the indices
-        of those to store (ascending; may be empty). Counts the others."""
+        of those to store (ascending; may be empty). Called from one thread at
+        a time (the pool's lock); counts the sightings, not the skips."""
 
     def seen(self, keys: list[bytes]) -> None:
         """A load job reads ``keys``: they count as sightings (on an I/O thread)."""
@@ -260,29 +258,20 @@ class ReusePolicy:
     lately). A skipped block is counted in ``stores_not_admitted_rare``.
     """
 
-    def __init__(self, sketch: FrequencySketch, min_sightings: int,
-                 counters: SkipCounters) -> None:
+    skip_counter: ClassVar[str] = "stores_not_admitted_rare"
+
+    def __init__(self, sketch: FrequencySketch, min_sightings: int) -> None:
         self.sketch = sketch
         self.min_sightings = min_sightings
-        self.counters = counters
 
     def admit(self, keys: list[bytes]) -> list[int] | None:
-        admitted = self.sketch.offer(keys, self.min_sightings)
-        if admitted is not None:
-            self.counters.stores_not_admitted_rare += len(keys) - len(admitted)
-        return admitted
+        return self.sketch.offer(keys, self.min_sightings)
 
     def seen(self, keys: list[bytes]) -> None:
         self.sketch.increment(keys)
 
     def close(self) -> None:
         pass
-
-
-def select(keys: list[bytes], cids: list[int], admitted: Sequence[int]
-           ) -> tuple[list[bytes], list[int]]:
-    """The admitted keys and their chunk ids, in order."""
-    return [keys[i] for i in admitted], [cids[i] for i in admitted]
 
 
 #: How often the adaptive policy's probe reads the capacity and runs its miniatures.
@@ -299,7 +288,7 @@ class CapacitySignal:
     """Whether the tier is full, and about how many blocks it holds: adaptive's signal.
 
     :meth:`refresh` runs on the admission probe thread (it may do I/O: redis
-    ``INFO memory``); the scheduler thread only reads :attr:`full`, a plain
+    ``INFO memory``); the admitting I/O thread only reads :attr:`full`, a plain
     attribute (:attr:`blocks` is read on the probe thread, by the policy's
     update).
 
@@ -351,7 +340,7 @@ class CapacitySignal:
         self._row_bytes = row_bytes
         self.used = 0
         self.capacity: int | None = budget
-        #: Read by the scheduler thread.
+        #: Read by the admitting I/O thread.
         self.full = False
         #: Blocks a full tier holds: the capacity times :attr:`fill`, at the
         #: mean frame size written so far (0: unbounded).
@@ -436,24 +425,24 @@ class AdaptivePolicy:
     the difference of their hits and of their writes as they were, where it
     would pull the ratio of their hits towards 1.
 
-    :meth:`admit` (scheduler thread) and :meth:`seen` (an I/O thread) are
-    one C call each, which counts the sightings and appends the sampled
-    keys, each with its count as of its sighting, to a list.
+    :meth:`admit` and :meth:`seen` (I/O threads) are one C call each,
+    which counts the sightings and appends the sampled keys, each with its
+    count as of its sighting, to a list.
     Everything else -- reading the capacity, running the miniatures, choosing
     the threshold -- runs in :meth:`update`, on the probe thread
     (:class:`AdmissionProbe`), which publishes the threshold as a plain
     attribute. A skipped block is counted in ``stores_not_admitted_cold``.
     """
 
+    skip_counter: ClassVar[str] = "stores_not_admitted_cold"
+
     def __init__(self, sketch: FrequencySketch, signal: CapacitySignal,
-                 counters: SkipCounters, sample_limit: int = 16,
-                 write_cost: float = WRITE_COST) -> None:
+                 sample_limit: int = 16, write_cost: float = WRITE_COST) -> None:
         self.sketch = sketch
         self.signal = signal
-        self.counters = counters
         self.sample_limit = sample_limit
         self.write_cost = write_cost
-        #: The gate's threshold once the tier is full (read by the scheduler thread).
+        #: The gate's threshold once the tier is full (read by the I/O threads).
         self.threshold = 2
         #: Sampled sightings, flat: [key, count, key, count, ...], for update().
         self._samples: list[bytes | int] = []
@@ -466,13 +455,10 @@ class AdaptivePolicy:
         self._refs = 0
         self._probe: AdmissionProbe | None = None
 
-    # -- scheduler thread (admit), I/O threads (seen) ---------------------------------
+    # -- I/O threads -------------------------------------------------------------------
     def admit(self, keys: list[bytes]) -> list[int] | None:
-        admitted = self.sketch.offer(keys, self.threshold if self.signal.full else 1,
-                                     self.sample_limit, self._samples)
-        if admitted is not None:
-            self.counters.stores_not_admitted_cold += len(keys) - len(admitted)
-        return admitted
+        return self.sketch.offer(keys, self.threshold if self.signal.full else 1,
+                                 self.sample_limit, self._samples)
 
     def seen(self, keys: list[bytes]) -> None:
         self.sketch.increment(keys, self.sample_limit, self._samples)

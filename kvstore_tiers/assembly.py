@@ -125,12 +125,11 @@ def admission_policy(config: TierConfig, backend: Backend, counters: TierCounter
         return None
     sketch = FrequencySketch(config.admission_sketch_width)
     if config.admission == "reuse":
-        return ReusePolicy(sketch, config.admission_min_sightings, counters)
+        return ReusePolicy(sketch, config.admission_min_sightings)
     usage = backend.capacity_usage if type(backend).supports_capacity else None
     signal = CapacitySignal(usage, config.admission_capacity_bytes, counters, row_bytes,
                             evictions=lambda: backend.evicted_for_capacity)
     signal.refresh()
-    policy = AdaptivePolicy(sketch, signal, counters,
-                            write_cost=config.admission_write_cost)
+    policy = AdaptivePolicy(sketch, signal, write_cost=config.admission_write_cost)
     policy.start(PROBE_INTERVAL_S)
     return policy

@@ -67,6 +67,9 @@ class Ledger:
         self._evicted_in_flight: set[bytes] = set()
         #: Load jobs reported failed at their deadline while an I/O thread still ran.
         self.load_timeouts = 0
+        #: The counter of blocks the admission policy did not store (its
+        #: ``skip_counter``; set by the tier with its policy).
+        self.skip_counter: str | None = None
         self.warn = RateLimitedLogger(logger, interval_s=30.0)
 
     # -- refused at submit -------------------------------------------------------------
@@ -193,14 +196,19 @@ class Ledger:
                          transfer_time=job.transfer_time)
 
     def _apply_store(self, job: Job, s: Summary) -> None:
-        # No per-key work for stored keys: the job, their receipt, makes all
-        # of them stored; failed ones are forgotten.
+        # No per-key work in Python for stored keys: the job, their receipt,
+        # makes all of them stored; failed and not admitted ones are forgotten.
         job.done = True
+        self.presence.settle(s.ok)
         c = self.counters
         c.objects_skipped += s.existed
         c.objects_stored += s.written
         c.raw_bytes_written += s.written * self.row_bytes
         c.stored_bytes_written += s.frame_bytes
+        if s.skipped:
+            self.presence.discard_receipt(s.skipped, job)
+            if self.skip_counter is not None:
+                setattr(c, self.skip_counter, getattr(c, self.skip_counter) + len(s.skipped))
         if self.verdicts:
             self._end_verdicts(s.ok)
         if s.bad:

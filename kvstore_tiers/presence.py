@@ -19,11 +19,17 @@ A key's value says what is known of it:
   been reported (``receipt.done``).
 
 Why receipts: a store job puts its keys here once, at submit, all pointing
-at one receipt; when it completes, flipping ``receipt.done`` makes all of
-them stored at once. Completing a job therefore costs the scheduler thread
-nothing per key (the keys' hash slots, cold in cache by then, are only
-touched again for a failed key), where a set of in-flight keys plus an
+at one receipt (:meth:`pend`); when it completes, flipping ``receipt.done``
+makes all of them stored at once. Completing a job therefore costs the
+scheduler thread nothing per key in Python (the keys' hash slots, cold in
+cache by then, are only touched again for a failed key or one the
+admission policy did not write), where a set of in-flight keys plus an
 insert per stored key cost it ~35 us per 16-key job here.
+
+Only stored keys count against ``capacity``: a pending key enters the
+FIFO when its store completes (:meth:`settle`, one C call per job), so
+keys that were never written (not admitted, failed) take no place in it.
+Pending keys are bounded by the tier's store backlog.
 
 It is a ``dict`` subclass so that ``key in index``, :meth:`update` and
 :meth:`stored` run mostly in C: they are on vLLM's scheduler thread. The
@@ -74,11 +80,8 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
         """Remember ``key`` as stored."""
         self.update((key,))
 
-    def update(  # type: ignore[override]
-        self, keys: Iterable[bytes], receipt: StoreReceipt | None = None
-    ) -> None:
-        """Remember ``keys`` as stored, or as written by the job of ``receipt``,
-        forgetting the oldest past ``capacity``."""
+    def update(self, keys: Iterable[bytes]) -> None:  # type: ignore[override]
+        """Remember ``keys`` as stored, forgetting the oldest past ``capacity``."""
         if self.capacity <= 0:
             return
         # A plain loop: on the scheduler thread every temporary container
@@ -86,8 +89,26 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
         # next cyclic-GC pass while it lives; this allocates one iterator.
         fifo = self._fifo
         for key in keys:
-            self[key] = receipt
+            self[key] = None
             fifo.append(key)
+        if len(fifo) > self.capacity:
+            self._trim()
+
+    def pend(self, keys: Iterable[bytes], receipt: StoreReceipt) -> None:
+        """Remember ``keys`` as being written by the job of ``receipt``
+        (in flight: not yet counted against ``capacity``)."""
+        if self.capacity <= 0:
+            return
+        for key in keys:
+            self[key] = receipt
+
+    def settle(self, keys: Iterable[bytes]) -> None:
+        """``keys`` of a completed store job are stored (its receipt says so):
+        from now on they count against ``capacity``, the oldest forgotten past it."""
+        if self.capacity <= 0:
+            return
+        fifo = self._fifo
+        fifo.extend(keys)
         if len(fifo) > self.capacity:
             self._trim()
 

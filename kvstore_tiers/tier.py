@@ -53,7 +53,6 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvstore_tiers import assembly
-from kvstore_tiers.admission import select
 from kvstore_tiers.backends.base import Backend
 from kvstore_tiers.codecs import resolve_compression
 from kvstore_tiers.config import TierConfig, validate_config
@@ -150,6 +149,8 @@ class KVStoreTier(SecondaryTierManager):
         #: The store admission policy (None: ``admission: always``, no call at all).
         self._admission = assembly.admission_policy(config, self.backend, ledger.counters,
                                                     self._block_size_bytes)
+        if self._admission is not None:
+            ledger.skip_counter = self._admission.skip_counter
         #: Load jobs with a deadline still in flight (scanned by get_finished_jobs).
         self._deadlined: dict[int, Job] = {}
         self._ready: deque[JobResult] = deque()  # refused at submit, reported next poll
@@ -161,6 +162,7 @@ class KVStoreTier(SecondaryTierManager):
             self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
             self.locality, ledger.events is not None, ledger.warn,
             self._admission.seen if self._admission is not None else None,
+            self._admission.admit if self._admission is not None else None,
         )
         self._pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
                                          tuning.header_align, cipher)
@@ -374,13 +376,9 @@ class KVStoreTier(SecondaryTierManager):
             return
         if not is_load and self._presence.holds_any(keys):
             keys, cids = self._drop_present(keys, cids)
-        admission = self._admission
-        # One call per store job (kvstore_tiers.admission); a load's blocks
-        # are counted as sightings by the I/O thread that runs it (Job.run).
-        if admission is not None and not is_load:
-            admitted = admission.admit(keys)
-            if admitted is not None:  # some not admitted: not stored, not indexed
-                keys, cids = select(keys, cids, admitted)
+        # Store admission is not decided here: the I/O thread that starts the
+        # job asks the policy (Job.start), and a load's blocks are counted as
+        # sightings by the I/O thread that runs it (Job.run).
         if not keys:
             self._ready.append(_nothing_stored(tj.job_id))
             return
@@ -410,8 +408,9 @@ class KVStoreTier(SecondaryTierManager):
         )
         if not is_load:
             # In the index at once (later stores of these keys skip), stored
-            # for lookups once the job's completion sets its ``done``.
-            self._presence.update(keys, job)
+            # for lookups once the job's completion sets its ``done``; those
+            # the policy did not admit leave it then.
+            self._presence.pend(keys, job)
         if job.deadline is not None:
             self._deadlined[tj.job_id] = job
         if not self._pool.submit(job, is_load):

@@ -108,8 +108,15 @@ class TransferContext:
     #: None with ``admission: always``), called by the I/O thread that runs
     #: the load's first batch, so vLLM's scheduler thread never pays for it.
     load_sightings: Callable[[list[bytes]], None] | None = None
+    #: Decides which of a store job's blocks are written (the policy's
+    #: ``admit``; None with ``admission: always``), called by :meth:`Job.start`.
+    admit: Callable[[list[bytes]], list[int] | None] | None = None
     #: Per-I/O-thread bounce buffers of deadlined loads (``.buf``).
     bounce: threading.local = field(default_factory=threading.local)
+
+
+#: A store slot's outcome when the admission policy chose not to write its block.
+NOT_ADMITTED = object()
 
 
 class Job(PoolJob):
@@ -122,6 +129,14 @@ class Job(PoolJob):
     the thread that finishes the job condenses them into ``summary``, so the
     scheduler thread applies a finished job with a few bulk operations.
 
+    Store admission (``ctx.admit``) is decided here, off the scheduler
+    thread: :meth:`start`, which the pool calls exactly once before any slot
+    runs, asks the policy and marks the slots it does not admit
+    :data:`NOT_ADMITTED` (``skips`` counts them); no thread writes them, and
+    the summary hands their keys back as ``skipped``, neither stored nor
+    failed. Their rows stay pinned until the job is reported, as any
+    store's.
+
     Built on vLLM's scheduler thread, so it allocates as little as it can
     there (see :class:`~kvstore_tiers.pool.PoolJob`): ``keys`` is vLLM's own
     key list (vLLM reads it again when the job completes, so nobody mutates
@@ -133,8 +148,8 @@ class Job(PoolJob):
     """
 
     __slots__ = ("cids", "ctx", "deadline", "done", "expired", "is_load", "keys", "landed",
-                 "lock", "outcomes", "reported", "req_id", "stored_bytes", "submit_time",
-                 "summary")
+                 "lock", "outcomes", "reported", "req_id", "skips", "stored_bytes",
+                 "submit_time", "summary")
 
     def __init__(
         self, ctx: TransferContext, job_id: int, *, is_load: bool, req_id: str,
@@ -160,11 +175,36 @@ class Job(PoolJob):
         self.summary: Summary | None = None
         #: Stores: this job is the presence index's receipt for its keys.
         self.done = False
+        #: Stores: slots the admission policy did not admit (set by start()).
+        self.skips = 0
 
     def start(self) -> None:
         n = self.n_slots
-        self.outcomes = [None] * n
         self.stored_bytes = [0] * n
+        admitted = None
+        if not self.is_load and self.ctx.admit is not None:
+            admitted = self._admitted()
+        if admitted is None:
+            self.outcomes = [None] * n
+            return
+        outcomes = self.outcomes = [NOT_ADMITTED] * n
+        for i in admitted:
+            outcomes[i] = None
+        self.skips = n - len(admitted)
+
+    def _admitted(self) -> list[int] | None:
+        """The admission policy's answer for this store job (None: write every block).
+
+        Under the pool's lock (see :meth:`PoolJob.start`), so the policy is
+        called by one thread at a time; one C call (kvstore_tiers.admission).
+        """
+        keys = self.keys if type(self.keys) is list else list(self.keys)
+        try:
+            return self.ctx.admit(keys)  # type: ignore[misc]
+        except Exception as exc:  # best effort: a policy that fails admits everything
+            self.ctx.warn.warning("admission", "kvstore tier %s: store admission failed; "
+                                  "writing the job's blocks: %r", self.ctx.label, exc)
+            return None
 
     def run(self, codec: FrameCodec, start: int, stop: int) -> None:
         run_slots(self, codec, start, stop)
@@ -181,7 +221,8 @@ class Job(PoolJob):
         err = Cancelled("cancelled before it started (drain or shutdown)")
         outcomes = self.outcomes
         for s in range(start, stop):
-            outcomes[s] = err
+            if outcomes[s] is not NOT_ADMITTED:
+                outcomes[s] = err
 
     def finish(self) -> None:
         self.summary = summarise(self)
@@ -206,6 +247,8 @@ class Summary:
 
     ok: list[bytes]  # stored (written or already there) / loaded
     bad: list[bytes]  # failed (cancelled ones included)
+    #: Stores: not admitted (neither stored nor failed); empty: every block was offered.
+    skipped: list[bytes] | tuple[()] = ()
     written: int = 0  # stores that wrote an object
     existed: int = 0  # stores that found the object already there
     frame_bytes: int = 0  # frame bytes written (new objects) or read (loaded)
@@ -228,8 +271,11 @@ class Summary:
             return cls(job.keys, [], frame_bytes=sum(job.stored_bytes))
         if not job.is_load and job.outcomes.count(True) == n:
             return cls(job.keys, [], written=n, frame_bytes=sum(job.stored_bytes))
-        s = cls([], [])
+        s = cls([], [], [] if job.skips else ())
         for key, res, nbytes in zip(job.keys, job.outcomes, job.stored_bytes, strict=True):
+            if res is NOT_ADMITTED:
+                s.skipped.append(key)  # type: ignore[union-attr]
+                continue
             if not isinstance(res, BaseException):
                 s.ok.append(key)
                 if res is False and not job.is_load:
@@ -292,9 +338,9 @@ def run_slots(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
             _run_deadlined_load(job, codec, start, stop)
             return
         name_of, rows = ctx.object_name, ctx.rows
-        keys = job.keys[start:stop]
-        views = [rows[c] for c in job.cids[start:stop]]
         if job.is_load:
+            keys = job.keys[start:stop]
+            views = [rows[c] for c in job.cids[start:stop]]
             items = [LoadItem(name_of(k), k, r) for k, r in zip(keys, views, strict=True)]
             results = ctx.backend.load_many(items, codec)
             for s, item, res in zip(range(start, stop), items, results, strict=True):
@@ -305,19 +351,26 @@ def run_slots(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
                 else:
                     job.stored_bytes[s] = res
         else:
-            sitems = [StoreItem(name_of(k), k, r) for k, r in zip(keys, views, strict=True)]
+            keys, cids, outcomes = job.keys, job.cids, job.outcomes
+            slots: Sequence[int] = range(start, stop)
+            if job.skips:
+                slots = [s for s in slots if outcomes[s] is not NOT_ADMITTED]
+                if not slots:
+                    return
+            sitems = [StoreItem(name_of(keys[s]), keys[s], rows[cids[s]]) for s in slots]
             results = ctx.backend.store_many(sitems, codec)
-            for s, res in zip(range(start, stop), results, strict=True):
+            for s, res in zip(slots, results, strict=True):
                 if isinstance(res, BaseException):
-                    job.outcomes[s] = detached(res)
+                    outcomes[s] = detached(res)
                 else:
-                    job.outcomes[s] = res > 0  # frame bytes written; 0: it existed
+                    outcomes[s] = res > 0  # frame bytes written; 0: it existed
                     job.stored_bytes[s] = res
     except Exception as exc:
         # The batch call itself failed: no slot of it can be trusted.
         err = detached(classify(exc))
         for s in range(start, stop):
-            job.outcomes[s] = err
+            if job.outcomes[s] is not NOT_ADMITTED:
+                job.outcomes[s] = err
 
 
 def _bounce(ctx: TransferContext, n_rows: int) -> mmap.mmap:
@@ -384,9 +437,14 @@ def summarise(job: Job) -> Summary:
     ctx = job.ctx
     s = Summary.of(job)
     if not job.is_load:
+        # Only the blocks offered to the backend moved. None (all skipped):
+        # bytes and time 0, which vLLM's backpressure detector ignores
+        # rather than counting as a store that took no time.
+        offered = len(job.keys) - len(s.skipped)
         s.result = JobResult(
-            job_id=job.job_id, success=not s.bad, transfer_time=job.transfer_time,
-            transfer_bytes=len(job.keys) * ctx.rows.row_bytes,
+            job_id=job.job_id, success=not s.bad,
+            transfer_time=job.transfer_time if offered else 0.0,
+            transfer_bytes=offered * ctx.rows.row_bytes,
         )
         if ctx.emit_events and s.ok:
             s.event = OffloadingEvent(

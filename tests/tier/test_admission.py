@@ -7,14 +7,19 @@ counters say how many were skipped and why.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
-from vllm.v1.kv_offload.base import LookupResult
+import numpy as np
+from vllm.v1.kv_offload.base import LookupResult, ReqContext
+from vllm.v1.kv_offload.tiering.base import TransferJob
 
 from kvstore_tiers.tools.harness import make_keys
 
 from ..conftest import rows_like
+from .flaky import flaky_tier
 
 ROW = 4096
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
@@ -178,3 +183,123 @@ def test_adaptive_holds_a_tier_that_evicted_lately_full(harness_factory, tmp_pat
     sig = policy.signal
     assert sig.capacity is not None and sig.used < sig.FULL_FRACTION * sig.capacity
     assert sig.full
+
+
+def _submit_stores(h: Any, jobs: list[tuple[int, list[bytes], list[int]]]) -> None:
+    """Submit store jobs (id, keys, primary rows) straight to the tier, as vLLM does."""
+    ctx = ReqContext(req_id="r1")
+    with h.locked():
+        for job_id, keys, cids in jobs:
+            h.tiers[0].submit_store(TransferJob(job_id, keys, np.array(cids), False, ctx))
+
+
+def _results(h: Any, n: int) -> dict[int, Any]:
+    """The next ``n`` results the tier reports, by job id."""
+    tier, out = h.tiers[0], {}
+    deadline = time.monotonic() + 30
+    while len(out) < n and time.monotonic() < deadline:
+        with h.locked():
+            out.update((r.job_id, r) for r in tier.get_finished_jobs())
+        time.sleep(0.005)
+    assert len(out) == n
+    return out
+
+
+def test_admission_is_decided_on_an_io_thread_never_the_schedulers(
+        harness_factory, tmp_path) -> None:
+    """The policy's one call per store job runs on the I/O thread that starts the
+    job; vLLM's scheduler thread (here the test's) never makes it."""
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "admission": "reuse"}],
+                        num_chunks=16, chunk_bytes=ROW)
+    tier = h.tiers[0]
+    sketch = tier._admission.sketch
+    offer, callers = sketch.offer, []
+
+    def recording_offer(keys: list[bytes], *a: Any) -> Any:
+        callers.append(threading.current_thread().name)
+        return offer(keys, *a)
+
+    sketch.offer = recording_offer
+    seen, new = make_keys(2, seed=6), make_keys(3, seed=7)
+    tier._admission.seen(seen)  # sighted once before: the second offer admits them
+    h.view[:5] = np.arange(5, dtype=np.uint8)[:, None]
+    _submit_stores(h, [(1, new[:1] + seen + new[1:], [0, 1, 2, 3, 4])])
+    result = _results(h, 1)[1]
+    assert callers and all(name.startswith("kvstore_fs") for name in callers)
+    assert threading.current_thread().name not in callers
+    # Two of five admitted: success, and only their bytes moved.
+    assert result.success and result.transfer_bytes == 2 * ROW
+    c = tier.counters
+    assert c.objects_stored == 2 and c.stores_not_admitted_rare == 3
+    assert _objects(tmp_path) == 2
+    # Not admitted: gone from the presence index, so a later store offers them again.
+    assert all(k not in tier._presence for k in new) and all(k in tier._presence for k in seen)
+    _submit_stores(h, [(2, new, [0, 1, 2])])
+    assert _results(h, 1)[2].success
+    assert c.objects_stored == 5 and c.stores_not_admitted_rare == 3 and c.objects_skipped == 0
+
+
+def test_a_job_with_nothing_admitted_reports_no_bytes_and_no_time(
+        harness_factory, tmp_path) -> None:
+    """vLLM's backpressure detector ignores a store result of 0 bytes; it must not
+    read one that wrote nothing as a store that took no time."""
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "admission": "reuse"}],
+                        num_chunks=16, chunk_bytes=ROW)
+    _submit_stores(h, [(1, make_keys(4, seed=8), [0, 1, 2, 3])])
+    result = _results(h, 1)[1]
+    assert result.success and result.transfer_bytes == 0 and result.transfer_time == 0.0
+    assert h.tiers[0].counters.stores_not_admitted_rare == 4 and not h.tiers[0]._presence
+
+
+def test_kv_events_name_only_the_admitted_blocks(harness_factory, tmp_path) -> None:
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "admission": "reuse",
+                          "enable_kv_events": True}], num_chunks=16, chunk_bytes=ROW)
+    tier = h.tiers[0]
+    seen, new = make_keys(2, seed=9), make_keys(2, seed=10)
+    tier._admission.seen(seen)
+    h.store_all(seen + new, rows_like(4, ROW))
+    events = list(tier.take_events())
+    assert sorted(k for e in events for k in e.keys) == sorted(seen)
+    assert not any(e.removed for e in events)
+
+
+def test_a_policy_that_fails_admits_the_whole_job(harness_factory, tmp_path) -> None:
+    """The fault injected: the policy raises. The job is written as with ``always``,
+    and the tier stays usable."""
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "admission": "reuse"}],
+                        num_chunks=16, chunk_bytes=ROW)
+    tier = h.tiers[0]
+
+    def broken_offer(*a: Any) -> Any:
+        raise RuntimeError("policy bug")
+
+    tier._admission.sketch.offer = broken_offer
+    keys = make_keys(3, seed=11)
+    h.store_all(keys, rows_like(3, ROW))
+    c = tier.counters
+    assert c.objects_stored == 3 and c.stores_not_admitted_rare == 0 and c.store_failures == 0
+    assert _lookup(h, keys) == [HIT] * 3
+
+
+def test_drain_cancels_only_the_admitted_blocks_of_a_queued_job(
+        harness_factory, tmp_path, flaky) -> None:
+    """A queued job cut at drain: its admitted blocks are reported cancelled (vLLM
+    keeps them in the primary), the others were never to be written; none stays in
+    the presence index."""
+    h = harness_factory([flaky_tier(tmp_path, n_write_threads=1, n_read_threads=1,
+                                    admission="reuse")], num_chunks=16, chunk_bytes=ROW)
+    tier = h.tiers[0]
+    first, seen, new = make_keys(2, seed=12), make_keys(2, seed=13), make_keys(2, seed=14)
+    tier._admission.seen(first + first + seen)
+    flaky.store_gate.clear()
+    _submit_stores(h, [(1, first, [0, 1])])
+    assert flaky.store_stalled.wait(10)  # the only write thread is busy with job 1
+    _submit_stores(h, [(2, seen + new, [2, 3, 4, 5])])  # queued: loads are polled first
+    assert tier._pool.cancel_queued() == 4
+    flaky.store_gate.set()
+    results = _results(h, 2)
+    assert results[1].success and not results[2].success
+    c = tier.counters
+    assert c.objects_stored == 2 and c.transfers_cancelled == 2
+    assert c.stores_not_admitted_rare == 2 and c.store_failures == 0
+    assert all(k not in tier._presence for k in seen + new)

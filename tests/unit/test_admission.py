@@ -58,9 +58,8 @@ def _xxhash_keys(n: int, seed: int) -> list[bytes]:
 
 
 def test_adaptive_takes_keys_of_a_16_byte_hash(native) -> None:
-    counters = TierCounters()
     policy = admission.AdaptivePolicy(FrequencySketch(1 << 12, native=native),
-                                      _signal(10**9, 10**9), counters, sample_limit=256)
+                                      _signal(10**9, 10**9), sample_limit=256)
     keys = _xxhash_keys(8, seed=30)
     policy.seen(keys[:4])
     assert policy.admit(keys) == [0, 1, 2, 3]  # full: the gate admits the seen ones
@@ -125,20 +124,20 @@ def test_the_compiled_kernel_and_its_python_twin_agree() -> None:
     assert c.agings == p.agings > 0
 
 
-def test_reuse_writes_on_the_nth_sighting_and_counts_the_rest() -> None:
-    counters = TierCounters()
-    policy = ReusePolicy(FrequencySketch(1 << 12), 3, counters)
+def test_reuse_writes_on_the_nth_sighting() -> None:
+    policy = ReusePolicy(FrequencySketch(1 << 12), 3)
     keys = make_keys(3, seed=7)
     assert policy.admit(keys) == []
     policy.seen(keys[:1])  # a load is a sighting
     assert policy.admit(keys) == [0]
     assert policy.admit(keys) is None
-    assert counters.stores_not_admitted_rare == 3 + 2
-    assert counters.stores_not_admitted_cold == 0
 
 
-def test_select_keeps_keys_and_their_chunk_ids_together() -> None:
-    assert admission.select([b"a", b"b", b"c"], [7, 8, 9], [0, 2]) == ([b"a", b"c"], [7, 9])
+def test_each_policy_names_the_counter_of_what_it_skips() -> None:
+    counters = TierCounters()
+    for policy in (ReusePolicy, admission.AdaptivePolicy):
+        assert isinstance(getattr(counters, policy.skip_counter), int)
+    assert ReusePolicy.skip_counter != admission.AdaptivePolicy.skip_counter
 
 
 @pytest.mark.parametrize(("key", "value"), [
@@ -301,19 +300,16 @@ def test_without_a_count_of_bytes_held_the_blocks_are_the_capacitys() -> None:
 
 
 def test_adaptive_writes_everything_while_the_tier_has_room(native) -> None:
-    counters = TierCounters()
     policy = admission.AdaptivePolicy(FrequencySketch(1 << 12, native=native),
-                                      _signal(0, 10**9), counters)
+                                      _signal(0, 10**9))
     keys = make_keys(8, seed=8)
     assert policy.admit(keys) is None
-    assert counters.stores_not_admitted_cold == 0
     assert policy.sketch.estimate(keys[0]) == 1  # still counted
 
 
 def test_adaptive_gates_first_sightings_once_full() -> None:
-    counters = TierCounters()
     sig = _signal(0, 10**9)
-    policy = admission.AdaptivePolicy(FrequencySketch(1 << 12), sig, counters)
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 12), sig)
     seen = make_keys(2, seed=9)
     policy.seen(seen)  # loaded once: a sighting
     sig._usage = lambda: (10**9, 10**9)
@@ -321,7 +317,6 @@ def test_adaptive_gates_first_sightings_once_full() -> None:
     assert sig.full and policy.threshold == 2
     new = make_keys(3, seed=10)
     assert policy.admit(new[:1] + seen + new[1:]) == [1, 2]
-    assert counters.stores_not_admitted_cold == 3 and counters.stores_not_admitted_rare == 0
     policy.threshold = 1  # the miniatures found writing everything better
     assert policy.admit(make_keys(3, seed=11)) is None
 
@@ -334,8 +329,7 @@ def _run(policy: admission.AdaptivePolicy, stream: list[bytes]) -> None:
 
 def test_the_miniatures_choose_write_everything_when_reuse_comes_soon() -> None:
     # A tier of 2,560 blocks: the miniatures (1 in 16 of the sightings) hold 160.
-    policy = admission.AdaptivePolicy(FrequencySketch(1 << 16), _signal(2_560_000, 2_560_000),
-                                      TierCounters())
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 16), _signal(2_560_000, 2_560_000))
     assert policy.signal.blocks == 2560
     keys = _sampled_keys(2000, seed=12)
     stream = []
@@ -350,8 +344,7 @@ def test_a_hot_block_in_the_sample_does_not_hide_what_writing_everything_gains()
     # Every request starts with the same system prompt, and the hash sample
     # happens to take its blocks. They are hits in both miniatures at every
     # request: the hits' ratio nears 1 while their difference stays.
-    policy = admission.AdaptivePolicy(FrequencySketch(1 << 16), _signal(2_560_000, 2_560_000),
-                                      TierCounters())
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 16), _signal(2_560_000, 2_560_000))
     prompt = _sampled_keys(8, seed=15)
     fresh = make_keys(50 * 200, seed=16)  # 1 in 16 sampled, by their hash
     once = make_keys(100 * 200, seed=21)  # stored, never read: writes, no hits
@@ -373,8 +366,7 @@ def _reuse_among_one_timers(once_per_reuse: int, groups: int, tier_bytes: int = 
     ``once_per_reuse`` sampled blocks never seen again: writing everything
     gains a hit per group (the gated miniature writes the reused block at its
     second sighting) and adds ``once_per_reuse`` writes."""
-    policy = admission.AdaptivePolicy(FrequencySketch(1 << 18), _signal(tier_bytes, tier_bytes),
-                                      TierCounters())
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 18), _signal(tier_bytes, tier_bytes))
     again = _sampled_keys(groups, seed=17)
     once = _sampled_keys(groups * once_per_reuse, seed=18)
     for i, k in enumerate(again):
@@ -412,8 +404,7 @@ def test_hits_and_writes_halve_together() -> None:
 
 
 def test_the_miniatures_choose_the_gate_when_one_time_blocks_would_flush_the_tier() -> None:
-    policy = admission.AdaptivePolicy(FrequencySketch(1 << 16), _signal(2_560_000, 2_560_000),
-                                      TierCounters())
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 16), _signal(2_560_000, 2_560_000))
     hot, cold = _sampled_keys(100, seed=13), _sampled_keys(4000, seed=14)
     stream = []
     for i in range(40):  # the hot blocks come back every 200 sightings, among one-timers
@@ -435,7 +426,7 @@ def test_the_probe_thread_refreshes_and_stops_on_close() -> None:
         return 0, 10**9
 
     sig = admission.CapacitySignal(usage, None, _Writes(), 10)
-    policy = admission.AdaptivePolicy(FrequencySketch(1 << 10), sig, TierCounters())
+    policy = admission.AdaptivePolicy(FrequencySketch(1 << 10), sig)
     policy.start(0.001)
     probe = policy._probe
     assert probe is not None

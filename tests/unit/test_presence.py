@@ -19,7 +19,7 @@ def test_keys_of_a_store_are_in_flight_until_its_receipt_is_done() -> None:
     idx = PresenceIndex(100)
     keys = make_keys(4)
     receipt = StoreReceipt()
-    idx.update(keys, receipt)
+    idx.pend(keys, receipt)
     assert all(k in idx for k in keys)  # a second store of them is skipped
     assert not any(idx.stored(k) for k in keys)  # but lookups do not hit yet
     receipt.done = True
@@ -31,8 +31,8 @@ def test_a_failed_store_forgets_only_keys_still_owned_by_its_receipt() -> None:
     idx = PresenceIndex(100)
     keys = make_keys(3)
     first, second = StoreReceipt(), StoreReceipt()
-    idx.update(keys, first)
-    idx.update(keys[2:], second)  # keys[2] now belongs to a later store
+    idx.pend(keys, first)
+    idx.pend(keys[2:], second)  # keys[2] now belongs to a later store
     idx.discard_receipt(keys, first)
     assert keys[0] not in idx and keys[1] not in idx
     assert idx.get(keys[2]) is second
@@ -62,8 +62,25 @@ def test_past_capacity_the_oldest_insertions_are_forgotten() -> None:
     assert all(idx.stored(k) for k in idx)
 
 
+def test_only_settled_keys_count_against_capacity() -> None:
+    idx = PresenceIndex(4)
+    stored, written, skipped = make_keys(3, seed=2), make_keys(3, seed=3), make_keys(8, seed=4)
+    idx.update(stored)
+    receipt = StoreReceipt()
+    idx.pend(written + skipped, receipt)  # in flight: more than the capacity, all held
+    assert all(k in idx for k in stored + written + skipped)
+    receipt.done = True
+    idx.discard_receipt(skipped, receipt)  # not written: they leave, taking no place
+    idx.settle(written)  # written: they count now, the oldest stored one goes
+    assert list(idx._fifo) == stored[2:] + written
+    assert set(idx) == set(stored[2:] + written)
+    assert all(idx.stored(k) for k in idx)
+
+
 def test_capacity_zero_remembers_nothing() -> None:
     idx = PresenceIndex(0)
-    idx.update(make_keys(3), StoreReceipt())
+    keys = make_keys(3)
+    idx.pend(keys, StoreReceipt())
+    idx.settle(keys)
     idx.add(b"k")
-    assert len(idx) == 0
+    assert len(idx) == 0 and not idx._fifo

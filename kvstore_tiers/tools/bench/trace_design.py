@@ -50,7 +50,6 @@ from kvstore_tiers.admission import (
     ReusePolicy,
 )
 from kvstore_tiers.config import TierConfig
-from kvstore_tiers.metrics import TierCounters
 from kvstore_tiers.tools.bench import trace_reference
 from kvstore_tiers.tools.bench.trace import block_key
 from kvstore_tiers.tools.bench.trace_file import TraceRequest, distinct_blocks, load
@@ -121,19 +120,18 @@ def policy_replay(requests: Sequence[TraceRequest], capacity: int, policy: str,
         high, low = round(watermarks[0] * room), round(watermarks[1] * room)
     tier: OrderedDict[bytes, None] = OrderedDict()
     front: OrderedDict[bytes, None] = OrderedDict()
-    counters = TierCounters()
     sketch = FrequencySketch(TierConfig.model_fields["admission_sketch_width"].default)
     gate: ReusePolicy | AdaptivePolicy | None = None
     requested = hit = tier_hit = written = evicted = 0
     clock = 0.0
     if policy == "reuse":
-        gate = ReusePolicy(sketch, min_sightings, counters)
+        gate = ReusePolicy(sketch, min_sightings)
     elif policy == "adaptive":
         # The replay's own clock: one probe interval per request, so the
         # eviction hold spans requests, not however long the machine takes.
         signal = CapacitySignal(lambda: (len(tier), room), None, _OneBlockFrames(), 1,
                                 evictions=lambda: evicted, clock=lambda: clock)
-        gate = AdaptivePolicy(sketch, signal, counters, write_cost=write_cost)
+        gate = AdaptivePolicy(sketch, signal, write_cost=write_cost)
     elif policy != "always":
         raise ValueError(f"no policy {policy!r} (have always, reuse, adaptive)")
 
