@@ -9,12 +9,16 @@ runs first, second and third equally often), with the waves of
 chunks queued at once as 16-chunk store jobs, then promoted back, every
 scheduler-side call timed. Before each wave the keys are counted once as
 sightings (untimed), so that ``reuse`` admits them and every arm stores the
-same blocks: the difference is the admission call itself. ``adaptive`` runs
-on an unbounded tier (write everything, the miniatures running beside it).
+same blocks: the difference is what admission costs where it admits
+everything. ``adaptive`` runs on an unbounded tier (write everything, the
+miniatures running beside it). ``--unseen`` leaves the sightings out:
+``reuse`` then admits no block (a first sighting each), the gated case,
+where its jobs go to the I/O threads and come back with nothing written.
 
-Reports, per arm, the p50 and p99 of ``submit_store`` and ``submit_load``
-and their ratios to ``always`` of the same round: the geometric mean over
-rounds with a 95 % Student-t interval.
+Reports, per arm, the p50 and p99 of ``submit_store``, ``submit_load`` and
+``get_finished_jobs``, the total time of every timed scheduler-side call
+(``all``), and their ratios to ``always`` of the same round: the geometric
+mean over rounds with a 95 % Student-t interval.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from kvstore_tiers.tools.bench.fs_bench import scheduler_cost
 from kvstore_tiers.tools.bench.pairing import geomean_interval
 
 ARMS = ("always", "reuse", "adaptive")
-METHODS = ("submit_store", "submit_load")
+METHODS = ("submit_store", "submit_load", "get_finished_jobs")
 
 
 def _count_sightings(tier: Any, keys: list[bytes]) -> None:
@@ -40,42 +44,45 @@ def _count_sightings(tier: Any, keys: list[bytes]) -> None:
 
 
 def measure(arm: str, directory: Path, chunk: int, in_flight: int, waves: int,
-            extra: dict[str, Any]) -> dict[str, dict[str, float]]:
+            extra: dict[str, Any], sighted: bool = True) -> dict[str, dict[str, float]]:
     root = Path(tempfile.mkdtemp(prefix=f"bench-admission-{arm}-", dir=directory))
     try:
-        return scheduler_cost("kvstore", root, chunk, 16, in_flight, waves=waves,
-                              tier_extra={"admission": arm, **extra},
-                              before_wave=_count_sightings)
+        report = scheduler_cost("kvstore", root, chunk, 16, in_flight, waves=waves,
+                                tier_extra={"admission": arm, **extra},
+                                before_wave=_count_sightings if sighted else None)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    report["all"] = {"total_us": sum(m["total_us"] for m in report.values())}
+    return report
 
 
 def run(directory: Path, rounds: int, chunk: int, in_flight: int, waves: int,
-        extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        extra: dict[str, Any] | None = None, sighted: bool = True) -> dict[str, Any]:
     results: dict[str, list[dict[str, dict[str, float]]]] = {a: [] for a in ARMS}
     for r in range(rounds):
         order = ARMS[r % 3:] + ARMS[:r % 3]
         for arm in order:
             results[arm].append(measure(arm, directory, chunk, in_flight, waves,
-                                        extra if arm != "always" else {}))
+                                        extra if arm != "always" else {}, sighted))
         print(f"round {r + 1}/{rounds} ({', '.join(order)}): " + "; ".join(
             f"{a} store p50/p99 {results[a][-1]['submit_store']['p50_us']:.1f}/"
             f"{results[a][-1]['submit_store']['p99_us']:.1f} us" for a in ARMS), flush=True)
     summary: dict[str, Any] = {}
-    for method in METHODS:
-        for q in ("p50_us", "p99_us"):
-            base = [res[method][q] for res in results["always"]]
-            for arm in ARMS:
-                vals = [res[method][q] for res in results[arm]]
-                entry = summary.setdefault(method, {}).setdefault(arm, {})
-                entry[q] = sorted(vals)[len(vals) // 2]
-                if arm != "always":
-                    ratio, lo, hi = geomean_interval([v / b for v, b in zip(vals, base,
-                                                                            strict=True)])
-                    entry[q.replace("_us", "_ratio")] = [round(ratio, 3), round(lo, 3),
-                                                         round(hi, 3)]
+    figures = [(m, q) for m in METHODS for q in ("p50_us", "p99_us", "total_us")]
+    for method, q in [*figures, ("all", "total_us")]:
+        base = [res[method][q] for res in results["always"]]
+        for arm in ARMS:
+            vals = [res[method][q] for res in results[arm]]
+            entry = summary.setdefault(method, {}).setdefault(arm, {})
+            entry[q] = sorted(vals)[len(vals) // 2]
+            pairs = [(v, b) for v, b in zip(vals, base, strict=True)
+                     if v == v and b == b and b > 0]  # no calls (nan): no ratio
+            if arm != "always" and len(pairs) == len(vals):
+                ratio, lo, hi = geomean_interval([v / b for v, b in pairs])
+                entry[q.replace("_us", "_ratio")] = [round(ratio, 3), round(lo, 3),
+                                                     round(hi, 3)]
     return {"rounds": rounds, "chunk": chunk, "in_flight": in_flight, "waves": waves,
-            "extra": extra or {},
+            "extra": extra or {}, "sighted": sighted,
             "summary": summary, "raw": results}
 
 
@@ -88,10 +95,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()))
     ap.add_argument("--sketch-width", type=int, help="admission_sketch_width of the "
                     "reuse and adaptive arms (default: the tier's default)")
+    ap.add_argument("--unseen", action="store_true", help="count no sightings before the "
+                    "waves: reuse admits no block (the gated case)")
     ap.add_argument("--json", type=Path, help="write the full result here")
     args = ap.parse_args(argv)
     extra = {"admission_sketch_width": args.sketch_width} if args.sketch_width else {}
-    out = run(args.dir, args.rounds, args.chunk_kib * 1024, args.in_flight, args.waves, extra)
+    out = run(args.dir, args.rounds, args.chunk_kib * 1024, args.in_flight, args.waves, extra,
+              sighted=not args.unseen)
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
     print(json.dumps(out["summary"], indent=1))

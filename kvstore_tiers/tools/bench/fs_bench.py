@@ -406,6 +406,7 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
         per_chunk = [t / c for t, c, _ in xs if c]
         no_gc = [(t, c) for t, c, gc_ran in xs if not gc_ran]
         report[name] = {"calls": len(xs), "p50_us": pct(per_call, 50), "p99_us": pct(per_call, 99),
+                        "total_us": sum(per_call) * 1e6,
                         "p50_us_per_chunk": pct(per_chunk, 50),
                         "p99_us_per_chunk": pct(per_chunk, 99),
                         "gc_calls": len(xs) - len(no_gc),
