@@ -13,7 +13,9 @@ same blocks: the difference is what admission costs where it admits
 everything. ``adaptive`` runs on an unbounded tier (write everything, the
 miniatures running beside it). ``--unseen`` leaves the sightings out:
 ``reuse`` then admits no block (a first sighting each), the gated case,
-where its jobs go to the I/O threads and come back with nothing written.
+where its jobs go to the I/O threads and come back with nothing written;
+there every arm only stores (no promotions: ``reuse`` would have nothing
+to promote).
 
 Reports, per arm, the p50 and p99 of ``submit_store``, ``submit_load`` and
 ``get_finished_jobs``, the total time of every timed scheduler-side call
@@ -49,7 +51,8 @@ def measure(arm: str, directory: Path, chunk: int, in_flight: int, waves: int,
     try:
         report = scheduler_cost("kvstore", root, chunk, 16, in_flight, waves=waves,
                                 tier_extra={"admission": arm, **extra},
-                                before_wave=_count_sightings if sighted else None)
+                                before_wave=_count_sightings if sighted else None,
+                                promote=sighted)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     report["all"] = {"total_us": sum(m["total_us"] for m in report.values())}
@@ -58,6 +61,7 @@ def measure(arm: str, directory: Path, chunk: int, in_flight: int, waves: int,
 
 def run(directory: Path, rounds: int, chunk: int, in_flight: int, waves: int,
         extra: dict[str, Any] | None = None, sighted: bool = True) -> dict[str, Any]:
+    extra = extra or {}
     results: dict[str, list[dict[str, dict[str, float]]]] = {a: [] for a in ARMS}
     for r in range(rounds):
         order = ARMS[r % 3:] + ARMS[:r % 3]
@@ -82,7 +86,7 @@ def run(directory: Path, rounds: int, chunk: int, in_flight: int, waves: int,
                 entry[q.replace("_us", "_ratio")] = [round(ratio, 3), round(lo, 3),
                                                      round(hi, 3)]
     return {"rounds": rounds, "chunk": chunk, "in_flight": in_flight, "waves": waves,
-            "extra": extra or {}, "sighted": sighted,
+            "extra": extra, "sighted": sighted,
             "summary": summary, "raw": results}
 
 

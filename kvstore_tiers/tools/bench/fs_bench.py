@@ -283,6 +283,7 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
                    waves: int = 16, gc_phase_seed: int | None = None,
                    tier_extra: dict[str, Any] | None = None,
                    before_wave: Callable[[Any, list[bytes]], None] | None = None,
+                   promote: bool = True,
                    ) -> dict[str, dict[str, float]]:
     """p50/p99 microseconds of the tier methods vLLM calls, per call and per chunk.
 
@@ -302,7 +303,8 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
     method takes its share of passes by its share of allocations.
 
     ``tier_extra``: more keys of the tier's config (the admission A/B);
-    ``before_wave(tier, keys)`` runs, untimed, before each wave's stores.
+    ``before_wave(tier, keys)`` runs, untimed, before each wave's stores;
+    ``promote=False`` leaves the promotions out (stores only).
     """
     h = build_harness([_tier_cfg(kind, root, **(tier_extra or {}))],
                       num_chunks=in_flight * 2, chunk_bytes=chunk)
@@ -383,6 +385,9 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
             _settle(h)
             h.finish_request(ctx)
             h.forget_primary()
+            if not promote:
+                del phase
+                continue
             # Same manager: lookups answered by presence (ours) or async (stock).
             ctxs = [h.new_request() for _ in range(0, in_flight, job_chunks)]
             promote_all(h, [(c, keys[s:s + job_chunks])
