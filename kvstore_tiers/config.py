@@ -65,8 +65,9 @@ class TierConfig(BaseModel):
     )
     presence_capacity: int = Field(
         1_000_000, ge=0, le=1 << 30,
-        description="Keys remembered as stored or being stored by this process: lookups "
-        "of stored ones HIT without I/O, stores of either are skipped. 0 turns both off.",
+        description="Keys remembered as stored by this process (those being stored are "
+        "held too, beside this bound): lookups of stored ones HIT without I/O, stores of "
+        "either are skipped. 0 turns both off.",
     )
     admission: Literal["always", "reuse", "adaptive"] = Field(
         "always", description="Which offered blocks the tier writes (docs/admission.md). "
