@@ -1,7 +1,7 @@
 /* The frequency sketch's per-key work, compiled: kvstore_tiers/admission.py.
  *
- * Called once per store job on vLLM's scheduler thread and once per load job
- * on the I/O thread that runs it. The Python twins in admission.py
+ * Called once per store job by the I/O thread that starts it and once per
+ * load job by the I/O thread that runs it. The Python twins in admission.py
  * (_offer_py, _increment_py, _estimate_py) do exactly the same and
  * a test checks that both agree, key by key.
  *

@@ -7,8 +7,8 @@ the counters and the kv events -- and returns vLLM's ``JobResult``.
 
 Scheduler thread only (vLLM calls ``get_finished_jobs`` and ``submit_*``
 there), so no lock. A fully successful job costs a few counter updates and
-no per-key work: its keys' presence receipt is the job itself
-(:mod:`kvstore_tiers.presence`).
+no per-key work in Python: its keys' presence receipt is the job itself,
+and they join the index's FIFO in one C call (:mod:`kvstore_tiers.presence`).
 
 Failed promotions, as vLLM's own tiers treat them (``AsyncLookupManager.mark_miss``,
 vllm#49328): a key whose load failed gets a MISS verdict shared by every
@@ -152,6 +152,8 @@ class Ledger:
         """Apply a finished job's summary; vLLM's JobResult for it."""
         s = job.summary or summarise(job)
         assert s.result is not None
+        if len(s.skipped) == len(job.keys):
+            return self._nothing_written(job, s)
         self.breaker.record_keys(len(s.ok) + s.missing + s.corrupt, s.transient)
         self.metrics.observe("load_seconds" if job.is_load else "store_seconds",
                              time.monotonic() - job.submit_time)
@@ -168,7 +170,9 @@ class Ledger:
         if job.is_load:
             self.fail_loads(job.req_id, job.keys)
         else:
-            self.counters.store_failures += len(job.keys)
+            # Blocks the policy did not admit were never to be written.
+            self.counters.store_failures += len(job.keys) - job.skips
+            self._count_skipped(job.skips)
             self.presence.discard_receipt(job.keys, job)
             self._evicted_in_flight.difference_update(job.keys)  # no stored event follows
             job.release()
@@ -207,8 +211,7 @@ class Ledger:
         c.stored_bytes_written += s.frame_bytes
         if s.skipped:
             self.presence.discard_receipt(s.skipped, job)
-            if self.skip_counter is not None:
-                setattr(c, self.skip_counter, getattr(c, self.skip_counter) + len(s.skipped))
+            self._count_skipped(len(s.skipped))
         if self.verdicts:
             self._end_verdicts(s.ok)
         if s.bad:
@@ -225,6 +228,26 @@ class Ledger:
             self._leave_out_evicted(job, s)
         if s.event is not None and self.events is not None:
             self.events.append(s.event)
+
+    def _nothing_written(self, job: Job, s: Summary) -> JobResult:
+        """A store job the admission policy admitted none of (the gated tier's common
+        job): its keys leave the index and are counted. It says nothing of the
+        backend's health (a half-open circuit probes again with the next job) nor
+        of a store's latency."""
+        self.breaker.record_keys(0, 0)
+        self.presence.discard_receipt(s.skipped, job)
+        self._count_skipped(len(s.skipped))
+        if self._evicted_in_flight:
+            self._evicted_in_flight.difference_update(job.keys)
+        job.release()
+        assert s.result is not None
+        return s.result
+
+    def _count_skipped(self, n: int) -> None:
+        """``n`` blocks of a store job were not admitted (the policy's counter)."""
+        if n and self.skip_counter is not None:
+            c = self.counters
+            setattr(c, self.skip_counter, getattr(c, self.skip_counter) + n)
 
     def _leave_out_evicted(self, job: Job, s: Summary) -> None:
         """Drop from ``job``'s stored event the keys evicted while it was in flight."""

@@ -40,11 +40,13 @@ class PoolJob:
 
     :meth:`start` is called exactly once, before any slot is run or
     cancelled, under the pool's lock, by the I/O thread that takes the
-    job's first batch (or the thread cancelling a job never taken). Per-slot
-    state belongs there, not in ``__init__``: the submitting thread is
-    vLLM's scheduler, and every container it allocates counts towards
-    CPython's next cyclic-GC pass, which runs (100-150 us on the test VM) in
-    whichever thread allocates past the threshold.
+    job's first batch (``runs=True``), or by the thread cancelling a job
+    never taken (``runs=False``: drain or shutdown, maybe vLLM's scheduler
+    thread; no slot of it will run). Per-slot state belongs there, not in
+    ``__init__``: the submitting thread is vLLM's scheduler, and every
+    container it allocates counts towards CPython's next cyclic-GC pass,
+    which runs (100-150 us on the test VM) in whichever thread allocates
+    past the threshold.
 
     :meth:`finish` is called exactly once, on the thread that accounts the
     last slot, before the job appears in :attr:`IOPool.finished`: an I/O
@@ -65,10 +67,11 @@ class PoolJob:
         self._next = 0  # first slot not yet handed out (pool lock)
         self._remaining = n_slots  # slots not yet accounted (pool lock)
 
-    def start(self) -> None:
+    def start(self, runs: bool) -> None:
         """Called once before the first slot runs or is cancelled (see the class doc).
 
-        Runs under the pool's lock: allocate, do not block or raise.
+        ``runs``: False when the job is started only to be cancelled. Runs
+        under the pool's lock: allocate, do not wait on anything or raise.
         """
 
     def run(self, ctx: Any, start: int, stop: int) -> None:
@@ -227,7 +230,7 @@ class IOPool:
                 while q:
                     job = q.popleft()
                     if job._next == 0:
-                        job.start()
+                        job.start(runs=False)
                     cut.append((job, job._next))
                     self._taken_chunks += job.n_slots - job._next
                     job._next = job.n_slots
@@ -292,7 +295,7 @@ class IOPool:
                         job = q[0]
                         start = job._next
                         if start == 0:
-                            job.start()
+                            job.start(runs=True)
                         stop = job._next = min(start + job.batch, job.n_slots)
                         if stop == job.n_slots:
                             q.popleft()

@@ -2,13 +2,14 @@
 
 Answers ``lookup`` with HIT at once, without I/O, for blocks this process
 stored (the common case for a long-running engine), and lets ``submit_store``
-skip blocks already stored *or in flight*. Bounded: past ``capacity`` keys
-the oldest insertions are forgotten (a forgotten key just goes through the
-asynchronous existence check again, and a forgotten in-flight key can at
-worst be written twice, which the atomic publish makes harmless). Memory is
-about 120 bytes per key (~50 for the dict and the FIFO, ~69 for the 36-byte
-key object; tests/faults/test_scale.py), so the default million keys stay
-around 120 MB.
+skip blocks already stored *or in flight*. Bounded: past ``capacity``
+stored keys the oldest are forgotten (a forgotten key just goes through
+the asynchronous existence check again, and one forgotten while a store
+of it is in flight again can at worst be written twice, which the atomic
+publish makes harmless). Memory is about 120 bytes per key (~50 for the
+dict and the FIFO, ~69 for the 36-byte key object;
+tests/faults/test_scale.py), so the default million keys stay around
+120 MB, plus the keys in flight beside the bound (see below).
 
 A key's value says what is known of it:
 
@@ -29,9 +30,10 @@ insert per stored key cost it ~35 us per 16-key job here.
 Only stored keys count against ``capacity``: a pending key enters the
 FIFO when its store completes (:meth:`settle`, one C call per job), so
 keys that were never written (not admitted, failed) take no place in it.
-Pending keys are bounded by the tier's store backlog.
+Pending keys are bounded by the tier's store backlog
+(``max_store_bytes_in_flight`` and the I/O queue).
 
-It is a ``dict`` subclass so that ``key in index``, :meth:`update` and
+It is a ``dict`` subclass so that ``key in index``, :meth:`pend` and
 :meth:`stored` run mostly in C: they are on vLLM's scheduler thread. The
 oldest insertions are forgotten first, through a FIFO of inserted keys
 beside the dict: trimming by iterating the dict from its start, as this
@@ -125,7 +127,8 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
         self.pop(key, None)
 
     def discard_receipt(self, keys: Iterable[bytes], receipt: StoreReceipt) -> None:
-        """Forget those of ``keys`` that still point at ``receipt`` (their store failed)."""
+        """Forget those of ``keys`` that still point at ``receipt`` (their store
+        failed, or the admission policy did not write them)."""
         for key in keys:
             if self.get(key) is receipt:
                 del self[key]

@@ -135,7 +135,7 @@ class Job(PoolJob):
     :data:`NOT_ADMITTED` (``skips`` counts them); no thread writes them, and
     the summary hands their keys back as ``skipped``, neither stored nor
     failed. Their rows stay pinned until the job is reported, as any
-    store's.
+    store's. A job started only to be cancelled asks nothing.
 
     Built on vLLM's scheduler thread, so it allocates as little as it can
     there (see :class:`~kvstore_tiers.pool.PoolJob`): ``keys`` is vLLM's own
@@ -178,33 +178,39 @@ class Job(PoolJob):
         #: Stores: slots the admission policy did not admit (set by start()).
         self.skips = 0
 
-    def start(self) -> None:
+    def start(self, runs: bool) -> None:
+        """Make the per-slot lists; for a store job that will run, ask the
+        admission policy which blocks to write and mark the others
+        :data:`NOT_ADMITTED` (a job started only to be cancelled, at drain
+        or shutdown, asks nothing: every block of it is cancelled)."""
         n = self.n_slots
         self.stored_bytes = [0] * n
-        admitted = None
-        if not self.is_load and self.ctx.admit is not None:
-            admitted = self._admitted()
-        if admitted is None:
-            self.outcomes = [None] * n
-            return
-        outcomes = self.outcomes = [NOT_ADMITTED] * n
-        for i in admitted:
-            outcomes[i] = None
-        self.skips = n - len(admitted)
+        self.outcomes = [None] * n
+        if runs and not self.is_load and self.ctx.admit is not None:
+            self._admit()
 
-    def _admitted(self) -> list[int] | None:
-        """The admission policy's answer for this store job (None: write every block).
+    def _admit(self) -> None:
+        """Ask the admission policy, once; mark the slots it does not admit.
 
         Under the pool's lock (see :meth:`PoolJob.start`), so the policy is
-        called by one thread at a time; one C call (kvstore_tiers.admission).
+        called by one thread at a time. Best effort: a policy that fails, or
+        answers an index out of range, admits the whole job (it is logged,
+        rate-limited), never takes the I/O thread down.
         """
         keys = self.keys if type(self.keys) is list else list(self.keys)
         try:
-            return self.ctx.admit(keys)  # type: ignore[misc]
-        except Exception as exc:  # best effort: a policy that fails admits everything
+            admitted = self.ctx.admit(keys)  # type: ignore[misc]
+            if admitted is None:
+                return
+            outcomes = [NOT_ADMITTED] * self.n_slots
+            for i in admitted:
+                outcomes[i] = None
+        except Exception as exc:
             self.ctx.warn.warning("admission", "kvstore tier %s: store admission failed; "
                                   "writing the job's blocks: %r", self.ctx.label, exc)
-            return None
+            return
+        self.outcomes = outcomes
+        self.skips = outcomes.count(NOT_ADMITTED)
 
     def run(self, codec: FrameCodec, start: int, stop: int) -> None:
         run_slots(self, codec, start, stop)

@@ -66,7 +66,7 @@ def test_reuse_skips_first_sightings_reports_success_and_misses_later(
     h.store_all(twice, rows_like(4, ROW))
     h.forget_primary()
     c = tier.counters
-    assert reported == [(reported[0][0], True)]  # nothing admitted: success at once
+    assert reported == [(reported[0][0], True)]  # nothing admitted: success
     assert c.stores_not_admitted_rare == 4 and c.objects_stored == 0
     assert _objects(tmp_path) == 0 and _rows_released(h)
     assert _lookup(h, twice) == [MISS] * 4
@@ -212,14 +212,7 @@ def test_admission_is_decided_on_an_io_thread_never_the_schedulers(
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "admission": "reuse"}],
                         num_chunks=16, chunk_bytes=ROW)
     tier = h.tiers[0]
-    sketch = tier._admission.sketch
-    offer, callers = sketch.offer, []
-
-    def recording_offer(keys: list[bytes], *a: Any) -> Any:
-        callers.append(threading.current_thread().name)
-        return offer(keys, *a)
-
-    sketch.offer = recording_offer
+    callers = _record_policy_threads(tier)
     seen, new = make_keys(2, seed=6), make_keys(3, seed=7)
     tier._admission.seen(seen)  # sighted once before: the second offer admits them
     h.view[:5] = np.arange(5, dtype=np.uint8)[:, None]
@@ -232,8 +225,10 @@ def test_admission_is_decided_on_an_io_thread_never_the_schedulers(
     c = tier.counters
     assert c.objects_stored == 2 and c.stores_not_admitted_rare == 3
     assert _objects(tmp_path) == 2
-    # Not admitted: gone from the presence index, so a later store offers them again.
+    # Not admitted: gone from the presence index, so a later store offers them again,
+    # and never in the FIFO that bounds it.
     assert all(k not in tier._presence for k in new) and all(k in tier._presence for k in seen)
+    assert sorted(tier._presence._fifo) == sorted(seen)
     _submit_stores(h, [(2, new, [0, 1, 2])])
     assert _results(h, 1)[2].success
     assert c.objects_stored == 5 and c.stores_not_admitted_rare == 3 and c.objects_skipped == 0
@@ -281,25 +276,124 @@ def test_a_policy_that_fails_admits_the_whole_job(harness_factory, tmp_path) -> 
     assert _lookup(h, keys) == [HIT] * 3
 
 
-def test_drain_cancels_only_the_admitted_blocks_of_a_queued_job(
+def _record_policy_threads(tier: Any) -> list[str]:
+    """The names of the threads that call the tier's admission policy, from now on."""
+    sketch = tier._admission.sketch
+    offer, callers = sketch.offer, []
+
+    def recording_offer(keys: list[bytes], *a: Any) -> Any:
+        callers.append(threading.current_thread().name)
+        return offer(keys, *a)
+
+    sketch.offer = recording_offer
+    return callers
+
+
+def test_a_job_cut_at_drain_asks_the_policy_nothing_and_is_cancelled_whole(
         harness_factory, tmp_path, flaky) -> None:
-    """A queued job cut at drain: its admitted blocks are reported cancelled (vLLM
-    keeps them in the primary), the others were never to be written; none stays in
-    the presence index."""
+    """A queued job cut at drain (vLLM's scheduler thread, here the test's): the
+    policy is not called there; every block of the job is reported cancelled (vLLM
+    keeps them in the primary) and none stays in the presence index."""
     h = harness_factory([flaky_tier(tmp_path, n_write_threads=1, n_read_threads=1,
                                     admission="reuse")], num_chunks=16, chunk_bytes=ROW)
     tier = h.tiers[0]
     first, seen, new = make_keys(2, seed=12), make_keys(2, seed=13), make_keys(2, seed=14)
     tier._admission.seen(first + first + seen)
+    callers = _record_policy_threads(tier)
     flaky.store_gate.clear()
     _submit_stores(h, [(1, first, [0, 1])])
     assert flaky.store_stalled.wait(10)  # the only write thread is busy with job 1
-    _submit_stores(h, [(2, seen + new, [2, 3, 4, 5])])  # queued: loads are polled first
+    _submit_stores(h, [(2, seen + new, [2, 3, 4, 5])])  # queued behind it
     assert tier._pool.cancel_queued() == 4
     flaky.store_gate.set()
     results = _results(h, 2)
     assert results[1].success and not results[2].success
+    assert len(callers) == 1 and callers[0] != threading.current_thread().name  # job 1's
     c = tier.counters
-    assert c.objects_stored == 2 and c.transfers_cancelled == 2
-    assert c.stores_not_admitted_rare == 2 and c.store_failures == 0
+    assert c.objects_stored == 2 and c.transfers_cancelled == 4
+    assert c.stores_not_admitted_rare == 0 and c.store_failures == 0
     assert all(k not in tier._presence for k in seen + new)
+
+
+def test_a_failed_write_among_admitted_blocks_counts_only_itself(
+        harness_factory, tmp_path, flaky) -> None:
+    """Partial admission and a partial failure in one job: the job is reported
+    failed; the failure counts the one block whose write failed, admission the
+    blocks it skipped; both leave the presence index, the written one stays."""
+    h = harness_factory([flaky_tier(tmp_path, admission="reuse")], num_chunks=16,
+                        chunk_bytes=ROW)
+    tier = h.tiers[0]
+    seen, new = make_keys(2, seed=15), make_keys(3, seed=16)
+    tier._admission.seen(seen)
+    flaky.dead.add(seen[1])  # its write fails (a dead node's key)
+    _submit_stores(h, [(1, seen + new, [0, 1, 2, 3, 4])])
+    result = _results(h, 1)[1]
+    assert not result.success
+    c = tier.counters
+    assert c.objects_stored == 1 and c.store_failures == 1 and c.stores_not_admitted_rare == 3
+    assert tier._presence.stored(seen[0])
+    assert all(k not in tier._presence for k in [seen[1], *new])
+    assert list(tier._presence._fifo) == [seen[0]]
+
+
+def test_a_job_reported_failed_whole_still_counts_what_it_skipped(
+        harness_factory, tmp_path, monkeypatch) -> None:
+    """The fault injected: applying the finished job raises, so it is reported failed
+    as a whole. Its skipped blocks are counted as not admitted, not as failures."""
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "admission": "reuse"}],
+                        num_chunks=16, chunk_bytes=ROW)
+    tier = h.tiers[0]
+    seen, new = make_keys(1, seed=17), make_keys(3, seed=18)
+    tier._admission.seen(seen)
+
+    def broken(*a: Any) -> None:
+        raise RuntimeError("apply failed")
+
+    monkeypatch.setattr(tier._ledger, "_apply_store", broken)
+    _submit_stores(h, [(1, seen + new, [0, 1, 2, 3])])
+    assert not _results(h, 1)[1].success
+    c = tier.counters
+    assert c.store_failures == 1 and c.stores_not_admitted_rare == 3
+    assert all(k not in tier._presence for k in seen + new)
+
+
+def test_a_skipped_block_evicted_while_its_job_runs_gets_no_event(
+        harness_factory, tmp_path, flaky) -> None:
+    """kv events on: an eviction heard for a block of a job in flight that the
+    policy skips (another process's object) sends no removal, and the job's stored
+    event names only the written block."""
+    h = harness_factory([flaky_tier(tmp_path, n_write_threads=1, admission="reuse",
+                                    enable_kv_events=True)], num_chunks=16, chunk_bytes=ROW)
+    tier = h.tiers[0]
+    seen, new = make_keys(1, seed=19), make_keys(1, seed=20)
+    tier._admission.seen(seen)
+    flaky.store_gate.clear()
+    _submit_stores(h, [(1, seen + new, [0, 1])])
+    assert flaky.store_stalled.wait(10)
+    tier.backend.note_evicted(1, [new[0]])
+    h.step()  # the poll that hands it to the presence index
+    flaky.store_gate.set()
+    assert _results(h, 1)[1].success
+    events = list(tier.take_events())
+    assert [(e.removed, list(e.keys)) for e in events] == [(False, seen)]
+    assert not tier._ledger._evicted_in_flight
+
+
+def test_a_half_open_probe_that_wrote_nothing_lets_the_next_job_probe(
+        harness_factory, tmp_path) -> None:
+    """The circuit's one probe job after its cooldown is a job the policy admitted
+    none of: it proves nothing, so the next job probes, and its write closes it."""
+    from kvstore_tiers.health import BreakerState
+
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "admission": "reuse"}],
+                        num_chunks=16, chunk_bytes=ROW)
+    tier = h.tiers[0]
+    breaker = tier.breaker
+    breaker.state, breaker._opened_at = BreakerState.OPEN, -1e9  # opened, cooled down
+    seen, new = make_keys(2, seed=21), make_keys(2, seed=22)
+    tier._admission.seen(seen)
+    _submit_stores(h, [(1, new, [0, 1])])  # the probe: nothing admitted
+    assert _results(h, 1)[1].success and breaker.state is BreakerState.HALF_OPEN
+    _submit_stores(h, [(2, seen, [2, 3])])
+    assert _results(h, 1)[2].success
+    assert breaker.state is BreakerState.CLOSED and tier.counters.objects_stored == 2

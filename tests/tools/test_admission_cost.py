@@ -20,7 +20,10 @@ def test_each_arm_gets_ratios_to_always_of_the_same_rounds(tmp_path: Path) -> No
     for method in admission_cost.METHODS:
         for arm in ("always", "reuse", "adaptive"):
             assert s[method][arm]["p50_us"] > 0 and s[method][arm]["total_us"] > 0
-        for ratio, lo, hi in _ratios(s, method, "p99_ratio").values():
+    for figure in ("p50_ratio", "p99_ratio"):
+        ratios = _ratios(s, "submit_store", figure)
+        assert set(ratios) == {"reuse", "adaptive"}
+        for ratio, lo, hi in ratios.values():
             assert 0 < lo <= ratio <= hi
     assert set(_ratios(s, "all", "total_ratio")) == {"reuse", "adaptive"}
     assert all(len(out["raw"][arm]) == 2 for arm in admission_cost.ARMS)

@@ -23,12 +23,12 @@ class _Job(PoolJob):
         self.batches: list[tuple[int, int]] = []
         self.finished_calls = 0
         self.started = threading.Event()
-        #: (thread, slots run or cancelled so far) at each start() call.
-        self.start_calls: list[tuple[threading.Thread, int]] = []
+        #: (thread, slots run or cancelled so far, runs) at each start() call.
+        self.start_calls: list[tuple[threading.Thread, int, bool]] = []
 
-    def start(self) -> None:
+    def start(self, runs: bool) -> None:
         self.start_calls.append((threading.current_thread(),
-                                 len(self.batches) + len(self.cancelled)))
+                                 len(self.batches) + len(self.cancelled), runs))
 
     def run(self, ctx: Any, start: int, stop: int) -> None:
         self.batches.append((start, stop))
@@ -151,8 +151,9 @@ def test_cancelled_chunks_still_complete_their_job() -> None:
         assert pool.submit(queued, is_load=False)
         assert pool.cancel_queued() == 3
         assert queued.cancelled == ["q0", "q1", "q2"]
-        # Never taken, so started by the cancelling thread, before its cancel.
-        assert queued.start_calls == [(threading.current_thread(), 0)]
+        # Never taken, so started by the cancelling thread, before its cancel,
+        # told that none of it will run.
+        assert queued.start_calls == [(threading.current_thread(), 0, False)]
         gate.set()
         assert sorted(_drain(pool)) == [0, 1]
         assert log == ["b"]  # cancelled chunks never ran
@@ -190,8 +191,8 @@ def test_a_job_is_started_once_on_an_io_thread_before_its_slots() -> None:
         assert sorted(_drain(pool)) == list(range(6))
         for job in jobs:
             assert len(job.start_calls) == 1
-            thread, slots_before = job.start_calls[0]
-            assert slots_before == 0
+            thread, slots_before, runs = job.start_calls[0]
+            assert slots_before == 0 and runs
             assert thread is not threading.current_thread()
             assert thread.name.startswith("kvstore_io")
     finally:

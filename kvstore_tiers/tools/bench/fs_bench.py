@@ -385,16 +385,14 @@ def scheduler_cost(kind: str, root: Path, chunk: int, job_chunks: int, in_flight
             _settle(h)
             h.finish_request(ctx)
             h.forget_primary()
-            if not promote:
-                del phase
-                continue
-            # Same manager: lookups answered by presence (ours) or async (stock).
-            ctxs = [h.new_request() for _ in range(0, in_flight, job_chunks)]
-            promote_all(h, [(c, keys[s:s + job_chunks])
-                            for c, s in zip(ctxs, range(0, in_flight, job_chunks), strict=True)])
-            for c in ctxs:
-                h.finish_request(c)
-            h.forget_primary()
+            if promote:
+                # Same manager: lookups answered by presence (ours) or async (stock).
+                ctxs = [h.new_request() for _ in range(0, in_flight, job_chunks)]
+                promote_all(h, [(c, keys[s:s + job_chunks]) for c, s in
+                                zip(ctxs, range(0, in_flight, job_chunks), strict=True)])
+                for c in ctxs:
+                    h.finish_request(c)
+                h.forget_primary()
             del phase
     finally:
         gc.callbacks.remove(count_gc)
