@@ -152,7 +152,7 @@ class Ledger:
         """Apply a finished job's summary; vLLM's JobResult for it."""
         s = job.summary or summarise(job)
         assert s.result is not None
-        if len(s.skipped) == len(job.keys):
+        if job.skips and job.skips == job.n_slots:
             return self._nothing_written(job, s)
         self.breaker.record_keys(len(s.ok) + s.missing + s.corrupt, s.transient)
         self.metrics.observe("load_seconds" if job.is_load else "store_seconds",

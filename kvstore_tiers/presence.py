@@ -28,14 +28,17 @@ admission policy did not write), where a set of in-flight keys plus an
 insert per stored key cost it ~35 us per 16-key job here.
 
 Only stored keys count against ``capacity``: a pending key enters the
-FIFO when its store completes (:meth:`settle`, one C call per job), so
-keys that were never written (not admitted, failed) take no place in it.
+FIFO when its store completes (:meth:`settle`), so keys that were never
+written (not admitted, failed) take no place in it. The FIFO holds a
+completed job's key list as one entry: a reference per key would touch
+every key object, cold in cache by then, at completion
+(docs/benchmarks.md, *Store admission: scheduler-thread cost*).
 Pending keys are bounded by the tier's store backlog
 (``max_store_bytes_in_flight`` and the I/O queue).
 
 It is a ``dict`` subclass so that ``key in index``, :meth:`pend` and
 :meth:`stored` run mostly in C: they are on vLLM's scheduler thread. The
-oldest insertions are forgotten first, through a FIFO of inserted keys
+oldest insertions are forgotten first, through a FIFO of inserted batches
 beside the dict: trimming by iterating the dict from its start, as this
 index first did, rescans every entry deleted since the dict's last resize,
 so at capacity a 16-key update cost ~200 us instead of ~10 (a million keys,
@@ -53,7 +56,7 @@ Scheduler-thread only; no lock.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 
@@ -71,7 +74,10 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
     def __init__(self, capacity: int) -> None:
         super().__init__()
         self.capacity = capacity
-        self._fifo: deque[bytes] = deque()  # insertion order, for forgetting the oldest
+        #: Batches of keys (or single keys) in the order they were remembered, for
+        #: forgetting the oldest.
+        self._fifo: deque[Sequence[bytes] | bytes] = deque()
+        self._held = 0  # keys in the FIFO's batches
 
     def stored(self, key: bytes) -> bool:
         """True if ``key`` is known to be stored (not merely in flight)."""
@@ -79,22 +85,27 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
         return value is None or (value is not self and value.done)  # type: ignore[union-attr]
 
     def add(self, key: bytes) -> None:
-        """Remember ``key`` as stored."""
-        self.update((key,))
+        """Remember ``key`` as stored (in the FIFO as itself, not a batch of one:
+        a tuple per key would double the index's memory per key)."""
+        if self.capacity <= 0:
+            return
+        self[key] = None
+        self._fifo.append(key)
+        self._held += 1
+        if self._held > self.capacity:
+            self._trim()
 
     def update(self, keys: Iterable[bytes]) -> None:  # type: ignore[override]
         """Remember ``keys`` as stored, forgetting the oldest past ``capacity``."""
         if self.capacity <= 0:
             return
+        batch = keys if isinstance(keys, (list, tuple)) else list(keys)
         # A plain loop: on the scheduler thread every temporary container
         # (a batch dict, its iterator, a super() proxy) counts towards the
         # next cyclic-GC pass while it lives; this allocates one iterator.
-        fifo = self._fifo
-        for key in keys:
+        for key in batch:
             self[key] = None
-            fifo.append(key)
-        if len(fifo) > self.capacity:
-            self._trim()
+        self._remember(batch)
 
     def pend(self, keys: Iterable[bytes], receipt: StoreReceipt) -> None:
         """Remember ``keys`` as being written by the job of ``receipt``
@@ -104,14 +115,20 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
         for key in keys:
             self[key] = receipt
 
-    def settle(self, keys: Iterable[bytes]) -> None:
+    def settle(self, keys: Sequence[bytes]) -> None:
         """``keys`` of a completed store job are stored (its receipt says so):
-        from now on they count against ``capacity``, the oldest forgotten past it."""
-        if self.capacity <= 0:
-            return
-        fifo = self._fifo
-        fifo.extend(keys)
-        if len(fifo) > self.capacity:
+        from now on they count against ``capacity``, the oldest forgotten past it.
+
+        The sequence itself is kept, not copied (one reference, whatever its
+        length): nobody may change it afterwards. The tier passes the job's
+        key list, vLLM's own, which vLLM drops once the job is reported."""
+        if self.capacity > 0 and keys:
+            self._remember(keys)
+
+    def _remember(self, batch: Sequence[bytes]) -> None:
+        self._fifo.append(batch)
+        self._held += len(batch)
+        if self._held > self.capacity:
             self._trim()
 
     def holds_any(self, keys: Iterable[bytes]) -> bool:
@@ -135,7 +152,15 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
 
     def _trim(self) -> None:
         # The FIFO holds every insertion, including keys since discarded or
-        # inserted again; bounding it bounds the memory of both.
+        # inserted again; bounding it bounds the memory of both. Whole
+        # batches go: at most one batch more than the capacity asks.
         fifo, pop = self._fifo, self.pop
-        while len(fifo) > self.capacity:
-            pop(fifo.popleft(), None)
+        while self._held > self.capacity:
+            batch = fifo.popleft()
+            if isinstance(batch, bytes):  # one key (add)
+                self._held -= 1
+                pop(batch, None)
+                continue
+            self._held -= len(batch)
+            for key in batch:
+                pop(key, None)

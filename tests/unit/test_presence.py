@@ -58,7 +58,7 @@ def test_past_capacity_the_oldest_insertions_are_forgotten() -> None:
         for k in keys:
             idx.discard(k)
             idx.add(k)
-    assert len(idx) <= 10 and len(idx._fifo) <= 10
+    assert len(idx) <= 10 and idx._held <= 10 and len(idx._fifo) <= 10
     assert all(idx.stored(k) for k in idx)
 
 
@@ -71,10 +71,23 @@ def test_only_settled_keys_count_against_capacity() -> None:
     assert all(k in idx for k in stored + written + skipped)
     receipt.done = True
     idx.discard_receipt(skipped, receipt)  # not written: they leave, taking no place
-    idx.settle(written)  # written: they count now, the oldest stored one goes
-    assert list(idx._fifo) == stored[2:] + written
-    assert set(idx) == set(stored[2:] + written)
+    idx.settle(written)  # written: they count now; the oldest batch goes, whole
+    assert list(idx._fifo) == [written] and idx._held == 3
+    assert set(idx) == set(written)
     assert all(idx.stored(k) for k in idx)
+
+
+def test_a_settled_job_is_one_entry_and_its_keys_go_together() -> None:
+    idx = PresenceIndex(10)
+    jobs = [make_keys(4, seed=10 + i) for i in range(3)]
+    for keys in jobs:
+        idx.pend(keys, StoreReceipt(done=True))
+        idx.settle(keys)
+    # 12 keys past a capacity of 10: the oldest job's four go, not two of them.
+    assert [list(b) for b in idx._fifo] == jobs[1:] and idx._held == 8
+    assert set(idx) == set(jobs[1] + jobs[2])
+    idx.settle([])  # a job that wrote nothing adds no entry
+    assert len(idx._fifo) == 2
 
 
 def test_capacity_zero_remembers_nothing() -> None:
