@@ -310,7 +310,10 @@ class CapacitySignal:
     the capacity times :attr:`fill`, the mean share of it held at the
     readings since the backend first evicted (an exponential average over
     :attr:`FILL_READINGS`; 1.0 until the first eviction, and where the
-    backend reports no usage), at the mean frame size written. An fs
+    backend reports no usage), at the size of one object: what the backend
+    says one costs it (``object_bytes``, ``Backend.object_bytes``: redis
+    counts each key's name and bookkeeping in its memory, about 1.2x a
+    16 KiB frame), else the mean frame size written. An fs
     evictor keeps a full tier between its watermarks (0.85-0.95 of the
     room ``max_bytes`` leaves beside the directories, by default; 0.5-0.95
     holds 0.725 of it on average), and the miniatures of
@@ -329,9 +332,13 @@ class CapacitySignal:
     def __init__(self, usage: UsageReader | None, budget: int | None,
                  counters: WriteCounters, row_bytes: int,
                  evictions: Callable[[], int] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 object_bytes: Callable[[], int | None] | None = None) -> None:
         self._usage = usage
         self._evictions = evictions
+        self._object_bytes = object_bytes
+        #: The backend's last reading of what one object costs it (0: none yet).
+        self.object_size = 0
         self._clock = clock
         self._evicted = evictions() if evictions is not None else 0
         self._evicted_at: float | None = None
@@ -343,7 +350,7 @@ class CapacitySignal:
         #: Read by the admitting I/O thread.
         self.full = False
         #: Blocks a full tier holds: the capacity times :attr:`fill`, at the
-        #: mean frame size written so far (0: unbounded).
+        #: size of one object (see the class doc; 0: unbounded).
         self.blocks = 0
         #: The mean share of the capacity held since the first eviction (1.0 before).
         self.fill = 1.0
@@ -380,7 +387,22 @@ class CapacitySignal:
             self._fill_readings = min(self._fill_readings + 1, self.FILL_READINGS)
             self.fill += (min(1.0, used / capacity) - self.fill) / self._fill_readings
         frame = c.stored_bytes_written // c.objects_stored if c.objects_stored else 0
+        if report is not None:  # the backend's bytes: its own size of an object
+            frame = self._read_object_size() or frame
         self.blocks = max(1, int(capacity * self.fill) // max(1, frame or self._row_bytes))
+
+    def _read_object_size(self) -> int:
+        """The backend's size of one object (``Backend.object_bytes``), or the last
+        one read (0: none yet, or the backend has none)."""
+        if self._object_bytes is not None:
+            try:
+                size = self._object_bytes()
+            except Exception as exc:  # keep the last reading
+                logger.debug("admission: object size reading failed: %s", exc)
+            else:
+                if size:
+                    self.object_size = size
+        return self.object_size
 
 
 class WriteCounters(Protocol):

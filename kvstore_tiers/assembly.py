@@ -126,9 +126,11 @@ def admission_policy(config: TierConfig, backend: Backend, counters: TierCounter
     sketch = FrequencySketch(config.admission_sketch_width)
     if config.admission == "reuse":
         return ReusePolicy(sketch, config.admission_min_sightings)
-    usage = backend.capacity_usage if type(backend).supports_capacity else None
-    signal = CapacitySignal(usage, config.admission_capacity_bytes, counters, row_bytes,
-                            evictions=lambda: backend.evicted_for_capacity)
+    bounded = type(backend).supports_capacity
+    signal = CapacitySignal(backend.capacity_usage if bounded else None,
+                            config.admission_capacity_bytes, counters, row_bytes,
+                            evictions=lambda: backend.evicted_for_capacity,
+                            object_bytes=backend.object_bytes if bounded else None)
     signal.refresh()
     policy = AdaptivePolicy(sketch, signal, write_cost=config.admission_write_cost)
     policy.start(PROBE_INTERVAL_S)

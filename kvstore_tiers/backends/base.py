@@ -230,6 +230,16 @@ class Backend(ABC):
         from the scheduler thread; may do I/O (one small request), may raise."""
         return None
 
+    def object_bytes(self) -> int | None:
+        """What one object of this tier adds to the bytes used that
+        :meth:`capacity_usage` reports, where that is not its frame's size
+        (redis: the key's memory on the server, its name and bookkeeping
+        included); None: the frame's size. Only with ``supports_capacity``.
+
+        Called from the admission probe thread with :meth:`capacity_usage`;
+        may do I/O (one small request), may raise."""
+        return None
+
     def read_into(self, item: LoadItem, codec: FrameCodec) -> int:
         """Load one frame into ``item.dest``: its header first, then the payload
         straight into the row (:meth:`FrameCodec.receive`); returns the frame's

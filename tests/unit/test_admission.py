@@ -200,6 +200,34 @@ def test_the_capacity_signal_reads_full_past_its_fraction_and_counts_blocks() ->
     assert budget.full and budget.blocks == 2222  # at the mean frame size written
 
 
+def test_blocks_are_counted_at_the_backends_size_of_an_object() -> None:
+    """redis counts each key's name and bookkeeping in its used memory: a full
+    tier holds fewer objects than its capacity over the frame size."""
+    writes = _Writes()
+    writes.objects_stored, writes.stored_bytes_written = 100, 1_000_000  # 10,000 B frames
+    sizes: list[object] = [None, 12_500, ConnectionError("down"), 0]
+
+    def object_bytes() -> int | None:
+        r = sizes.pop(0)
+        if isinstance(r, Exception):
+            raise r
+        return r  # type: ignore[return-value]
+
+    sig = admission.CapacitySignal(lambda: (900_000, 1_000_000), None, writes, 10,
+                                   object_bytes=object_bytes)
+    sig.refresh()
+    assert sig.blocks == 100  # no reading yet: the frame size
+    sig.refresh()
+    assert sig.object_size == 12_500 and sig.blocks == 80
+    sig.refresh()  # a failed reading, then none: the last one holds
+    sig.refresh()
+    assert sig.blocks == 80
+    # A budget over the bytes this process wrote counts frames, not the backend's size.
+    budget = admission.CapacitySignal(None, 1_000_000, writes, 10, object_bytes=lambda: 12_500)
+    budget.refresh()
+    assert budget.blocks == 100
+
+
 def test_a_failing_capacity_reading_keeps_the_last_one() -> None:
     readings: list[object] = [(900, 1000)]
 

@@ -342,3 +342,23 @@ def test_capacity_usage_is_used_memory_against_maxmemory(redis_server_factory,
     unbounded = redis_server_factory([])
     other = harness_factory([tier_cfg(unbounded)], num_chunks=16, chunk_bytes=8192)
     assert other.tiers[0].backend.capacity_usage() is None
+
+
+def test_an_object_is_counted_at_its_memory_on_the_server(redis_server_factory,
+                                                          harness_factory) -> None:
+    """adaptive's miniatures are sized in objects the server holds: MEMORY USAGE of a
+    key this process wrote (its value, name and bookkeeping), more than its frame."""
+    srv = redis_server_factory(["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"])
+    h = harness_factory([tier_cfg(srv, admission="adaptive", compression="none")],
+                        num_chunks=16, chunk_bytes=8192)
+    tier = h.tiers[0]
+    assert tier.backend.object_bytes() is None  # nothing written yet
+    h.store_all(make_keys(4, seed=31), random_rows(4, 8192))
+    c = tier.counters
+    frame = c.stored_bytes_written // c.objects_stored
+    size = tier.backend.object_bytes()
+    assert size is not None and frame < size < 2 * frame
+    signal = tier._admission.signal
+    signal.refresh()
+    assert signal.object_size == size
+    assert signal.blocks == int(signal.capacity * signal.fill) // size
