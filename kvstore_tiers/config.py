@@ -65,9 +65,10 @@ class TierConfig(BaseModel):
     )
     presence_capacity: int = Field(
         1_000_000, ge=0, le=1 << 30,
-        description="Keys remembered as stored by this process (those being stored are "
-        "held too, beside this bound): lookups of stored ones HIT without I/O, stores of "
-        "either are skipped. 0 turns both off.",
+        description="Keys remembered as stored or being stored by this process: lookups "
+        "of stored ones HIT without I/O, stores of either are skipped. 0 turns both off. "
+        "With admission, blocks offered and not written take a place until their turn: "
+        "the index then remembers about the share written of this.",
     )
     admission: Literal["always", "reuse", "adaptive"] = Field(
         "always", description="Which offered blocks the tier writes (docs/admission.md). "

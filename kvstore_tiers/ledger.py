@@ -7,8 +7,8 @@ the counters and the kv events -- and returns vLLM's ``JobResult``.
 
 Scheduler thread only (vLLM calls ``get_finished_jobs`` and ``submit_*``
 there), so no lock. A fully successful job costs a few counter updates and
-no per-key work in Python: its keys' presence receipt is the job itself,
-and they join the index's FIFO in one C call (:mod:`kvstore_tiers.presence`).
+no per-key work: its keys' presence receipt is the job itself
+(:mod:`kvstore_tiers.presence`).
 
 Failed promotions, as vLLM's own tiers treat them (``AsyncLookupManager.mark_miss``,
 vllm#49328): a key whose load failed gets a MISS verdict shared by every
@@ -200,10 +200,9 @@ class Ledger:
                          transfer_time=job.transfer_time)
 
     def _apply_store(self, job: Job, s: Summary) -> None:
-        # No per-key work in Python for stored keys: the job, their receipt,
-        # makes all of them stored; failed and not admitted ones are forgotten.
+        # No per-key work for stored keys: the job, their receipt, makes all
+        # of them stored; failed and not admitted ones are forgotten.
         job.done = True
-        self.presence.settle(s.ok)
         c = self.counters
         c.objects_skipped += s.existed
         c.objects_stored += s.written

@@ -410,7 +410,7 @@ class KVStoreTier(SecondaryTierManager):
             # In the index at once (later stores of these keys skip), stored
             # for lookups once the job's completion sets its ``done``; those
             # the policy did not admit leave it then.
-            self._presence.pend(keys, job)
+            self._presence.update(keys, job)
         if job.deadline is not None:
             self._deadlined[tj.job_id] = job
         if not self._pool.submit(job, is_load):
