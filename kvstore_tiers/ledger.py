@@ -152,11 +152,12 @@ class Ledger:
         """Apply a finished job's summary; vLLM's JobResult for it."""
         s = job.summary or summarise(job)
         assert s.result is not None
-        if job.skips and job.skips == job.n_slots:
-            return self._nothing_written(job, s)
+        # A job the policy admitted none of records (0, 0): it proves nothing,
+        # and a half-open circuit probes again with the next job.
         self.breaker.record_keys(len(s.ok) + s.missing + s.corrupt, s.transient)
-        self.metrics.observe("load_seconds" if job.is_load else "store_seconds",
-                             time.monotonic() - job.submit_time)
+        if job.skips != job.n_slots:  # one that wrote nothing is no store's latency
+            self.metrics.observe("load_seconds" if job.is_load else "store_seconds",
+                                 time.monotonic() - job.submit_time)
         result = s.result
         if job.is_load:
             self._apply_load(job, s)
@@ -227,20 +228,6 @@ class Ledger:
             self._leave_out_evicted(job, s)
         if s.event is not None and self.events is not None:
             self.events.append(s.event)
-
-    def _nothing_written(self, job: Job, s: Summary) -> JobResult:
-        """A store job the admission policy admitted none of (the gated tier's common
-        job): its keys leave the index and are counted. It says nothing of the
-        backend's health (a half-open circuit probes again with the next job) nor
-        of a store's latency."""
-        self.breaker.record_keys(0, 0)
-        self.presence.discard_receipt(s.skipped, job)
-        self._count_skipped(len(s.skipped))
-        if self._evicted_in_flight:
-            self._evicted_in_flight.difference_update(job.keys)
-        job.release()
-        assert s.result is not None
-        return s.result
 
     def _count_skipped(self, n: int) -> None:
         """``n`` blocks of a store job were not admitted (the policy's counter)."""

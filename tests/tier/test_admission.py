@@ -243,6 +243,8 @@ def test_a_job_with_nothing_admitted_reports_no_bytes_and_no_time(
     result = _results(h, 1)[1]
     assert result.success and result.transfer_bytes == 0 and result.transfer_time == 0.0
     assert h.tiers[0].counters.stores_not_admitted_rare == 4 and not h.tiers[0]._presence
+    # Nor is it a store's latency: the store_seconds histogram gets nothing.
+    assert not [o for o in h.tiers[0].metrics._observations if o[0] == "store_seconds"]
 
 
 def test_kv_events_name_only_the_admitted_blocks(harness_factory, tmp_path) -> None:

@@ -11,12 +11,12 @@ scheduler-side call timed. Before each wave the keys are counted once as
 sightings (untimed), so that ``reuse`` admits them and every arm stores the
 same blocks: the difference is what admission costs where it admits
 everything (``always``'s keys go through a scratch sketch, so that every
-arm's are as warm in the caches). ``adaptive`` runs on an unbounded tier (write everything, the
-miniatures running beside it). ``--unseen`` leaves the sightings out:
-``reuse`` then admits no block (a first sighting each), the gated case,
-where its jobs go to the I/O threads and come back with nothing written;
-there every arm only stores (no promotions: ``reuse`` would have nothing
-to promote).
+arm's are as warm in the caches). ``adaptive`` runs on an unbounded tier
+(write everything, the miniatures running beside it). ``--unseen`` leaves
+the sightings out: ``reuse`` then admits no block (a first sighting each),
+the gated case, where its jobs go to the I/O threads and come back with
+nothing written; there every arm only stores (no promotions: ``reuse``
+would have nothing to promote).
 
 Reports, per arm, the p50 and p99 of ``submit_store``, ``submit_load`` and
 ``get_finished_jobs``, the total time of every timed scheduler-side call
