@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.tools.bench import trace_reference
 from kvstore_tiers.tools.bench.trace_file import TraceError, TraceRequest, distinct_blocks, load
 
@@ -159,9 +160,32 @@ def test_the_replays_fs_watermarks_are_its_own_or_the_tier_keys() -> None:
     assert trace.fs_watermarks({}) == trace.FS_WATERMARKS
     assert trace.fs_watermarks({"low_watermark": 0.85}) == (0.95, 0.85)
     assert trace.fs_watermarks({"high_watermark": 0.9, "low_watermark": 0.97}) == (0.9, 0.9)
-    for bad in (0, 1.5, "high", True):
-        with pytest.raises(ValueError, match="low_watermark"):
+    for bad in (0, 1.5, "high"):
+        with pytest.raises(ConfigError, match="key 'low_watermark'"):
             trace.fs_watermarks({"low_watermark": bad})
+
+
+def test_design_tool_takes_watermarks_and_write_cost_as_the_tier_does(monkeypatch, tmp_path,
+                                                                      capsys) -> None:
+    from kvstore_tiers.tools.bench import trace_design
+
+    trace_path = tmp_path / "t.jsonl"
+    trace_path.write_text("".join(json.dumps({"timestamp": i, "input_length": 512,
+                                              "output_length": 1, "hash_ids": [i]}) + "\n"
+                                  for i in range(4)))
+    seen = []
+    monkeypatch.setattr(trace_design, "run", lambda reqs, pcts, **kw: seen.append(kw) or
+                        {"rows": [], "watermarks": kw["watermarks"]})
+    monkeypatch.setattr(trace_design, "markdown", lambda result: "")
+    trace_design.main([str(trace_path), "--watermarks", "0.9", "0.97", "--write-cost", "0.2"])
+    assert seen[-1]["watermarks"] == (0.9, 0.9) and seen[-1]["write_cost"] == 0.2
+    for argv, key in ((["--watermarks", "0.9", "0"], "low_watermark"),
+                      (["--watermarks", "1.5", "0.5"], "high_watermark"),
+                      (["--write-cost", "2"], "admission_write_cost")):
+        with pytest.raises(SystemExit) as exc:
+            trace_design.main([str(trace_path), *argv])
+        assert exc.value.code == 2 and f"key '{key}'" in capsys.readouterr().err
+    assert len(seen) == 1
 
 
 def test_a_salt_hashes_the_same_trace_into_other_keys() -> None:

@@ -45,8 +45,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
 
+from kvstore_tiers.backends.fs.config import FsConfig
 from kvstore_tiers.backends.fs.layout import SUFFIX
 from kvstore_tiers.backends.fs.writers import TEMP_SUFFIX, WriterLock, WriterTable, owner_of
 from kvstore_tiers.errors import ConfigError
@@ -119,14 +119,13 @@ class CapacityController:
     reserve_wait_s = 5.0
 
     def __init__(
-        self, base: Path, config: Any, on_evicted: Callable[[list[str]], None],
+        self, base: Path, config: FsConfig, on_evicted: Callable[[list[str]], None],
         writer: WriterLock | None = None, check_interval_s: float = 10.0,
     ) -> None:
         self.base = base
         self.max_bytes: int | None = config.max_bytes
         self.min_free: int | None = config.min_free_bytes
-        self.high = config.high_watermark
-        self.low = min(config.low_watermark, config.high_watermark)
+        self.high, self.low = config.watermarks
         self.check_interval_s = check_interval_s
         self.block = max(512, os.statvfs(base).f_frsize)
         self._on_evicted = on_evicted

@@ -24,6 +24,11 @@ class FsConfig(TierConfig):
     low_watermark: float = Field(0.85, gt=0, le=1, description="Evict down to this fraction.")
     o_direct: bool = Field(True, description="Use O_DIRECT where the filesystem supports it.")
 
+    @property
+    def watermarks(self) -> tuple[float, float]:
+        """The evictor's (high, low) shares: a low watermark above the high one is the high one."""
+        return self.high_watermark, min(self.low_watermark, self.high_watermark)
+
     @field_validator("root_dir")
     @classmethod
     def _root_named(cls, value: str) -> str:

@@ -90,14 +90,15 @@ FS_WATERMARKS = (0.95, 0.5)
 
 def fs_watermarks(tier_keys: dict[str, Any]) -> tuple[float, float]:
     """The fs tier's (high, low) watermarks in the replay: :data:`FS_WATERMARKS`,
-    or those given as tier keys (``--tier-key low_watermark=0.85``); a low one
-    above the high one is the high one, as the fs evictor takes it."""
-    high = tier_keys.get("high_watermark", FS_WATERMARKS[0])
-    low = tier_keys.get("low_watermark", FS_WATERMARKS[1])
-    for key, value in (("high_watermark", high), ("low_watermark", low)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
-            raise ValueError(f"tier key {key}: {value!r} is not a share in (0, 1]")
-    return float(high), float(min(low, high))
+    or those given as tier keys (``--tier-key low_watermark=0.85``), taken as
+    the fs tier takes them (:attr:`FsConfig.watermarks`); a bad one raises
+    :class:`ConfigError` naming the key."""
+    from kvstore_tiers.backends.fs.config import FsConfig
+    from kvstore_tiers.config import validate_config
+
+    keys = {"high_watermark": FS_WATERMARKS[0], "low_watermark": FS_WATERMARKS[1]}
+    keys.update((k, tier_keys[k]) for k in keys if k in tier_keys)
+    return validate_config(FsConfig, "fs", {"root_dir": ".", **keys}).watermarks
 
 
 def block_key(block_id: int) -> bytes:

@@ -49,9 +49,9 @@ from kvstore_tiers.admission import (
     FrequencySketch,
     ReusePolicy,
 )
-from kvstore_tiers.config import TierConfig
+from kvstore_tiers.config import TierConfig, validate_config
 from kvstore_tiers.tools.bench import trace_reference
-from kvstore_tiers.tools.bench.trace import block_key
+from kvstore_tiers.tools.bench.trace import block_key, fs_watermarks
 from kvstore_tiers.tools.bench.trace_file import TraceRequest, distinct_blocks, load
 
 PERCENTS = (2.0, 5.0, 10.0, 20.0, 50.0, 100.0)
@@ -326,13 +326,20 @@ def main(argv: list[str] | None = None) -> None:
                     "%(default)s, its default)")
     ap.add_argument("--json", type=Path, help="write the full result here")
     args = ap.parse_args(argv)
-    if args.watermarks and not 0 < args.watermarks[1] <= args.watermarks[0] <= 1:
-        ap.error("--watermarks: need 0 < LOW <= HIGH <= 1")
-    if not 0 <= args.write_cost <= 1:
-        ap.error("--write-cost: need 0 <= C <= 1")
+    watermarks = None
+    if args.watermarks:
+        try:
+            watermarks = fs_watermarks({"high_watermark": args.watermarks[0],
+                                        "low_watermark": args.watermarks[1]})
+        except ValueError as exc:
+            ap.error(f"--watermarks: {exc}")
+    try:
+        validate_config(TierConfig, "fs", {"admission_write_cost": args.write_cost})
+    except ValueError as exc:
+        ap.error(f"--write-cost: {exc}")
     t0 = time.monotonic()
     result = run(load(args.trace, args.requests), args.percent or PERCENTS, salt=args.salt,
-                 watermarks=tuple(args.watermarks) if args.watermarks else None,
+                 watermarks=watermarks,
                  write_cost=args.write_cost)
     result["seconds"] = round(time.monotonic() - t0, 1)
     if args.json:

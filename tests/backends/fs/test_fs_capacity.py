@@ -116,14 +116,13 @@ def test_two_processes_sharing_a_root_stay_under_the_cap(tmp_path) -> None:
         assert p.exitcode == 0
     # Each file's room is reserved before it is written: the cap holds.
     from kvstore_tiers.backends.fs.capacity import CapacityController, scan
+    from kvstore_tiers.backends.fs.config import FsConfig
 
     assert _disk_bytes(tmp_path) <= objects_cap + 16 * 4096
     (ns_dir,) = [p for p in tmp_path.iterdir() if p.is_dir()]
 
-    class _Cfg:
-        max_bytes, min_free_bytes, high_watermark, low_watermark = cap, None, 0.95, 0.85
-
-    CapacityController(ns_dir, _Cfg, lambda paths: None).evict_now(wait=True)
+    cfg = FsConfig(root_dir=str(tmp_path), max_bytes=cap)
+    CapacityController(ns_dir, cfg, lambda paths: None).evict_now(wait=True)
     total, _ = scan(ns_dir)
     assert total <= cap
     assert not list(tmp_path.rglob("*.tmp"))
