@@ -160,6 +160,8 @@ def test_the_replays_fs_watermarks_are_its_own_or_the_tier_keys() -> None:
     assert trace.fs_watermarks({}) == trace.FS_WATERMARKS
     assert trace.fs_watermarks({"low_watermark": 0.85}) == (0.95, 0.85)
     assert trace.fs_watermarks({"high_watermark": 0.9, "low_watermark": 0.97}) == (0.9, 0.9)
+    # as the tier's config model takes them: True is 1.0 there too
+    assert trace.fs_watermarks({"low_watermark": True}) == (0.95, 0.95)
     for bad in (0, 1.5, "high"):
         with pytest.raises(ConfigError, match="key 'low_watermark'"):
             trace.fs_watermarks({"low_watermark": bad})

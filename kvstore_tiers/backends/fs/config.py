@@ -21,7 +21,8 @@ class FsConfig(TierConfig):
         "writes happen (room is reserved before each write; LRU eviction frees it).",
     )
     high_watermark: float = Field(0.95, gt=0, le=1, description="Evict above this fraction.")
-    low_watermark: float = Field(0.85, gt=0, le=1, description="Evict down to this fraction.")
+    low_watermark: float = Field(0.85, gt=0, le=1, description="Evict down to this fraction "
+                                 "(one above high_watermark is taken as it).")
     o_direct: bool = Field(True, description="Use O_DIRECT where the filesystem supports it.")
 
     @property

@@ -96,8 +96,9 @@ def fs_watermarks(tier_keys: dict[str, Any]) -> tuple[float, float]:
     from kvstore_tiers.backends.fs.config import FsConfig
     from kvstore_tiers.config import validate_config
 
-    keys = {"high_watermark": FS_WATERMARKS[0], "low_watermark": FS_WATERMARKS[1]}
-    keys.update((k, tier_keys[k]) for k in keys if k in tier_keys)
+    keys = {k: tier_keys.get(k, default)
+            for k, default in zip(("high_watermark", "low_watermark"), FS_WATERMARKS,
+                                  strict=True)}
     return validate_config(FsConfig, "fs", {"root_dir": ".", **keys}).watermarks
 
 

@@ -319,8 +319,8 @@ def main(argv: list[str] | None = None) -> None:
                     "another sample of the keys for adaptive's miniatures")
     ap.add_argument("--watermarks", type=float, nargs=2, metavar=("HIGH", "LOW"),
                     help="the policies' tier evicts in rounds between these shares of "
-                    "its room, as an fs evictor does (bench --trace: 0.95 0.5); the exact "
-                    "references stay plain LRU caches")
+                    "its room, as an fs evictor does (a LOW above HIGH is HIGH; bench "
+                    "--trace: 0.95 0.5); the exact references stay plain LRU caches")
     ap.add_argument("--write-cost", type=float, default=WRITE_COST, help="adaptive's cost "
                     "of a write in hits, 0-1, as the tier's admission_write_cost (default: "
                     "%(default)s, its default)")
