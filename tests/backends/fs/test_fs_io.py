@@ -141,11 +141,14 @@ def test_read_files_checksums_the_buffer_it_was_asked_for_once_filled(tmp_path: 
     if not _fsio.CRC32C_INSN:
         pytest.skip("no CRC-32C instruction on this CPU: the frame checksums instead")
     path = tmp_path / "f"
-    for n in (0, 1, 7, 8, 9, 63, 4096, 100_003):
+    # From 3 x 8 KiB on, three streams run side by side and are joined.
+    span3 = 3 * 8192
+    for n in (0, 1, 7, 8, 9, 63, 4096, span3 - 1, span3, span3 + 1, 2 * span3 + 9, 100_003):
         for skip in (0, 1, 3, 8):
             data = os.urandom(skip + n)
             path.write_bytes(data)
-            head, body = bytearray(skip), bytearray(n)
+            head = bytearray(skip)
+            body = memoryview(bytearray(n + skip))[skip:]  # the row at another alignment too
             bufs = [head, body] if skip else [body]
             (res,) = _fsio.read_files([(str(path), bufs, 0, len(bufs) - 1)])
             assert res == (skip + n, skip + n, crc32c.crc32c(data[skip:])), (n, skip)
