@@ -69,7 +69,7 @@
  * package frame.py uses) with the CPU's instruction: SSE 4.2 on x86-64 (checked
  * at import), the CRC extension on AArch64 (at compile time). Elsewhere
  * crc_insn is 0 and no checksum is computed here. Each architecture gives
- * its byte and 8-byte steps; the loop over a buffer is one. */
+ * its byte and 8-byte steps; crc32c_of, below, is shared by both. */
 static int crc_insn;
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -119,15 +119,21 @@ crc_insn_present(void)
 #endif
 
 #ifdef HAVE_CRC_INSN
-/* The instruction takes three cycles per 8 bytes but can start one every
- * cycle, so one stream through a buffer runs at a third of its rate. Long
- * buffers go as three streams side by side, over three consecutive spans
- * of CRC_SPAN bytes; the CRC being linear, the stream of a span is joined to
- * the next by "appending CRC_SPAN zero bytes" to it (a 32x32 matrix over
- * GF(2), applied a byte at a time through crc_span_zeros) and XORing the
- * next span's own CRC. This is the method of Mark Adler's crc32c.c, also the
- * crc32c package's; the per-byte tables are built once at import. */
+/* The instruction's latency is several times its issue interval (three
+ * cycles against one on x86-64), so one stream through a buffer leaves it
+ * mostly idle. Buffers of three spans of CRC_SPAN bytes and more go as three
+ * streams side by side, over three consecutive spans; the CRC being linear,
+ * the stream of a span is joined to the next by "appending CRC_SPAN zero
+ * bytes" to it (a 32x32 matrix over GF(2), applied through four 256-entry
+ * tables, one per byte of the CRC) and XORing the next span's own CRC. This
+ * is the method of Mark Adler's crc32c.c, also the crc32c package's, which
+ * also interleaves shorter spans; here what is left after the long spans
+ * (under 24 KiB) stays one stream, a small part of a row. The tables are
+ * built once at import. tests/backends/fs/test_fs_io.py tests lengths around
+ * three spans of 8192 bytes. */
 #define CRC_SPAN 8192
+_Static_assert((CRC_SPAN & (CRC_SPAN - 1)) == 0 && CRC_SPAN % 8 == 0,
+               "the zero-bytes operator is built for a power of two of 8-byte words");
 #define CRC32C_POLY 0x82f63b78u /* reflected */
 static uint32_t crc_span_zeros[4][256];
 
