@@ -430,6 +430,7 @@ def run(plan: TracePlan, requests: Sequence[TraceRequest],
     base = plan.directory.resolve() / f"trace-{uuid.uuid4().hex[:8]}"
     try:
         if "fs" in plan.tiers:
+            high, low = fs_watermarks(plan.extra_tier_keys)  # a bad one fails before any run
             overhead, per_obj = fs_object_bytes(base / "calibrate", chunk, rows)
             for pct in plan.capacities:
                 cap = trace_reference.capacity_blocks(distinct, pct)
@@ -438,7 +439,6 @@ def run(plan: TracePlan, requests: Sequence[TraceRequest],
                     # The evictor keeps the objects between the watermarks (fractions
                     # of the room max_bytes leaves beside the shard directories):
                     # sized so that their middle holds `cap` blocks.
-                    high, low = fs_watermarks(plan.extra_tier_keys)
                     cfg = {"type": "fs", "root_dir": str(root), **TIER_KEYS,
                            **policy_keys(policy, plan.min_sightings), **plan.extra_tier_keys,
                            "high_watermark": high, "low_watermark": low,
