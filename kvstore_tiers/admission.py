@@ -17,9 +17,9 @@ One job: the admission decision. Neither call runs on vLLM's scheduler
 thread. :meth:`Policy.admit` decides a store job's keys once, on the I/O
 thread that takes the job's first batch (``Job.start``, under the pool's
 lock, before any of its blocks is written), after the presence index has
-dropped the keys already stored; keys not admitted are simply not stored,
-and the tier's ledger counts them (in the counter the policy's
-``skip_counter`` names). :meth:`Policy.seen` counts a load job's keys, once
+dropped the keys already stored; the job then moves only the keys
+admitted, and the policy counts the others itself (:meth:`Policy.report`
+puts the count into the tier's counters). :meth:`Policy.seen` counts a load job's keys, once
 per job, on the I/O thread that runs it. The per-key work (four counter
 updates) runs in C (``_sketch.c``) when it is compiled, in the Python
 twins below otherwise; a test checks both agree.
@@ -34,7 +34,10 @@ import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import ClassVar, Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from kvstore_tiers.metrics import TierCounters
 
 logger = logging.getLogger(__name__)
 
@@ -235,13 +238,13 @@ class FrequencySketch:
 class Policy(Protocol):
     """An admission policy, as the tier calls it (once per job: see the module doc)."""
 
-    #: The tier counter (``TierCounters`` field) of the blocks it does not admit.
-    skip_counter: ClassVar[str]
-
     def admit(self, keys: list[bytes]) -> list[int] | None:
         """A store job offers ``keys``: None to store them all, else the indices
         of those to store (ascending; may be empty). Called from one thread at
-        a time (the pool's lock); counts the sightings, not the skips."""
+        a time (the pool's lock); counts the sightings and the blocks it skips."""
+
+    def report(self, counters: TierCounters) -> None:
+        """Write the policy's own counts into the tier's counters (scheduler thread)."""
 
     def seen(self, keys: list[bytes]) -> None:
         """A load job reads ``keys``: they count as sightings (on an I/O thread)."""
@@ -258,14 +261,20 @@ class ReusePolicy:
     lately). A skipped block is counted in ``stores_not_admitted_rare``.
     """
 
-    skip_counter: ClassVar[str] = "stores_not_admitted_rare"
-
     def __init__(self, sketch: FrequencySketch, min_sightings: int) -> None:
         self.sketch = sketch
         self.min_sightings = min_sightings
+        #: Blocks offered and not admitted (written under the pool's lock).
+        self.not_admitted = 0
 
     def admit(self, keys: list[bytes]) -> list[int] | None:
-        return self.sketch.offer(keys, self.min_sightings)
+        admitted = self.sketch.offer(keys, self.min_sightings)
+        if admitted is not None:
+            self.not_admitted += len(keys) - len(admitted)
+        return admitted
+
+    def report(self, counters: TierCounters) -> None:
+        counters.stores_not_admitted_rare = self.not_admitted
 
     def seen(self, keys: list[bytes]) -> None:
         self.sketch.increment(keys)
@@ -301,7 +310,7 @@ class CapacitySignal:
     between its low and high watermarks (0.85-0.95) once full. Also full,
     whatever it holds now, while the backend has evicted within the last
     :attr:`EVICTION_HOLD_S` (``evictions``: its count of objects evicted
-    because the store was full, ``Backend.evicted_for_capacity``):
+    because the store was full, ``EvictionLog.for_capacity``):
     an evictor with a wider band (a low watermark of 0.5) leaves a full
     tier well under the fraction after each round, and writing everything
     until the next round would flush it.
@@ -456,8 +465,6 @@ class AdaptivePolicy:
     attribute. A skipped block is counted in ``stores_not_admitted_cold``.
     """
 
-    skip_counter: ClassVar[str] = "stores_not_admitted_cold"
-
     def __init__(self, sketch: FrequencySketch, signal: CapacitySignal,
                  sample_limit: int = 16, write_cost: float = WRITE_COST) -> None:
         self.sketch = sketch
@@ -476,11 +483,19 @@ class AdaptivePolicy:
         self.writes_gated = 0.0
         self._refs = 0
         self._probe: AdmissionProbe | None = None
+        #: Blocks offered and not admitted (written under the pool's lock).
+        self.not_admitted = 0
 
     # -- I/O threads -------------------------------------------------------------------
     def admit(self, keys: list[bytes]) -> list[int] | None:
-        return self.sketch.offer(keys, self.threshold if self.signal.full else 1,
-                                 self.sample_limit, self._samples)
+        admitted = self.sketch.offer(keys, self.threshold if self.signal.full else 1,
+                                     self.sample_limit, self._samples)
+        if admitted is not None:
+            self.not_admitted += len(keys) - len(admitted)
+        return admitted
+
+    def report(self, counters: TierCounters) -> None:
+        counters.stores_not_admitted_cold = self.not_admitted
 
     def seen(self, keys: list[bytes]) -> None:
         self.sketch.increment(keys, self.sample_limit, self._samples)

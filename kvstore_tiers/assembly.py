@@ -9,6 +9,7 @@ alone. Runs once, at engine start-up: a bad config fails here, naming its key.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from kvstore_tiers.admission import (
@@ -129,9 +130,16 @@ def admission_policy(config: TierConfig, backend: Backend, counters: TierCounter
     bounded = type(backend).supports_capacity
     signal = CapacitySignal(backend.capacity_usage if bounded else None,
                             config.admission_capacity_bytes, counters, row_bytes,
-                            evictions=lambda: backend.evicted_for_capacity,
+                            evictions=_evicted_for_capacity(backend),
                             object_bytes=backend.object_bytes if bounded else None)
     signal.refresh()
     policy = AdaptivePolicy(sketch, signal, write_cost=config.admission_write_cost)
     policy.start(PROBE_INTERVAL_S)
     return policy
+
+
+def _evicted_for_capacity(backend: Backend) -> Callable[[], int] | None:
+    """The reader of the backend's count of objects it evicted for capacity
+    (None where its store never evicts)."""
+    log = backend.evictions
+    return None if log is None else lambda: log.for_capacity

@@ -46,6 +46,28 @@ class TransientError(BackendError):
     """The backend failed for a reason that may pass (I/O, network, capacity)."""
 
 
+class Cancelled(TransientError):
+    """A transfer slot cancelled before it started (drain, ``reset_cache``, shutdown).
+
+    Reported failed to vLLM like any failed slot, but it says nothing of the
+    backend's health: it never feeds the circuit breaker.
+    """
+
+
+def classify(exc: BaseException) -> BackendError:
+    """Map an arbitrary exception onto the backend error kinds.
+
+    ObjectMissing/ObjectCorrupt/TransientError pass through; anything else
+    (a bug, an unexpected client error) counts as transient, so it fails the
+    job without declaring the object corrupt.
+    """
+    if isinstance(exc, BackendError):
+        return exc
+    err = TransientError(f"{type(exc).__name__}: {exc}")
+    err.__cause__ = exc
+    return err
+
+
 def detached(outcome: T) -> T:
     """``outcome`` as is, or, if it is an error, without its traceback (nor its
     causes'), for keeping as a job's outcome.

@@ -75,6 +75,13 @@ VERSION = 1
 NAMESPACE_DIGEST_BYTES = 16
 _FIXED = struct.Struct("<4sHBBIHHQQQ16sQ")
 HEADER_FIXED = _FIXED.size  # 64
+#: Bytes of an object a remote reader takes first, before the header is
+#: parsed: the fixed part, the key and the padding of a frame whose header is
+#: aligned to at most 64 bytes, so the header is whole in them
+#: (:meth:`FrameCodec.receive`; the fs tier reads a page).
+FIRST_READ = 256
+#: Bytes of an object that :func:`created_ms` needs (a listing reads no more).
+LISTING_READ = HEADER_FIXED
 assert HEADER_FIXED == 64
 #: Flags byte: the payload is AES-GCM sealed.
 FLAG_ENCRYPTED = 0x01
@@ -362,6 +369,12 @@ class FrameReceiver:
             self._codec.verify(self.header, self.dest, dest_checksum)
         else:
             self._codec.decode_payload_into(self.header, self.payload, self.dest)
+
+    def raw_payload_at(self, offset: int) -> bool:
+        """True when the row is the object's bytes from ``offset`` on as they are
+        (a raw payload right after a header of ``offset`` bytes): a reader that
+        put those bytes into ``dest`` has nothing left to read."""
+        return self.direct and self.header.header_len == offset
 
 
 def verify_frame(frame: bytes | bytearray | memoryview, key: bytes,

@@ -1,6 +1,6 @@
 """The tier's ledger: what finished (or refused) transfers mean on the scheduler side.
 
-:class:`Ledger` applies a finished :class:`~kvstore_tiers.transfers.Job`'s
+:class:`Ledger` applies a finished :class:`~kvstore_tiers.job.Job`'s
 summary, a deadline expiry or a refusal at submit to the scheduler thread's
 state -- the presence index, the failed-load verdicts, the circuit breaker,
 the counters and the kv events -- and returns vLLM's ``JobResult``.
@@ -28,17 +28,18 @@ import json
 import logging
 import os
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
 from vllm.v1.kv_offload.base import Locality, Medium, OffloadingEvent
 from vllm.v1.kv_offload.tiering.base import JobResult
 
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.health import BreakerState, CircuitBreaker
-from kvstore_tiers.metrics import TierMetrics
+from kvstore_tiers.job import Job
+from kvstore_tiers.metrics import TierCounters, TierMetrics
+from kvstore_tiers.outcome import Summary, expire, summarise
 from kvstore_tiers.presence import PresenceIndex
 from kvstore_tiers.ratelimit import RateLimitedLogger
-from kvstore_tiers.transfers import Job, Summary, expire, summarise
 
 logger = logging.getLogger("kvstore_tiers.tier")
 _ABSENT = object()
@@ -67,9 +68,10 @@ class Ledger:
         self._evicted_in_flight: set[bytes] = set()
         #: Load jobs reported failed at their deadline while an I/O thread still ran.
         self.load_timeouts = 0
-        #: The counter of blocks the admission policy did not store (its
-        #: ``skip_counter``; set by the tier with its policy).
-        self.skip_counter: str | None = None
+        #: The admission policy's ``report`` (None: ``admission: always``): it
+        #: puts the policy's own counts into the counters when a job it
+        #: declined blocks of is reported.
+        self.report_admission: Callable[[TierCounters], None] | None = None
         self.warn = RateLimitedLogger(logger, interval_s=30.0)
 
     # -- refused at submit -------------------------------------------------------------
@@ -155,7 +157,7 @@ class Ledger:
         # A job the policy admitted none of records (0, 0): it proves nothing,
         # and a half-open circuit probes again with the next job.
         self.breaker.record_keys(len(s.ok) + s.missing + s.corrupt, s.transient)
-        if job.skips != job.n_slots:  # one that wrote nothing is no store's latency
+        if job.n_slots:  # one that wrote nothing is no store's latency
             self.metrics.observe("load_seconds" if job.is_load else "store_seconds",
                                  time.monotonic() - job.submit_time)
         result = s.result
@@ -172,10 +174,12 @@ class Ledger:
             self.fail_loads(job.req_id, job.keys)
         else:
             # Blocks the policy did not admit were never to be written.
-            self.counters.store_failures += len(job.keys) - job.skips
-            self._count_skipped(job.skips)
-            self.presence.discard_receipt(job.keys, job)
-            self._evicted_in_flight.difference_update(job.keys)  # no stored event follows
+            self.counters.store_failures += len(job.keys)
+            for keys in (job.keys, job.declined):
+                self.presence.discard_receipt(keys, job)
+                self._evicted_in_flight.difference_update(keys)  # no stored event follows
+            if job.declined and self.report_admission is not None:
+                self.report_admission(self.counters)
             job.release()
         return JobResult(job_id=job.job_id, success=False)
 
@@ -211,7 +215,8 @@ class Ledger:
         c.stored_bytes_written += s.frame_bytes
         if s.skipped:
             self.presence.discard_receipt(s.skipped, job)
-            self._count_skipped(len(s.skipped))
+            if self.report_admission is not None:
+                self.report_admission(c)
         if self.verdicts:
             self._end_verdicts(s.ok)
         if s.bad:
@@ -229,12 +234,6 @@ class Ledger:
         if s.event is not None and self.events is not None:
             self.events.append(s.event)
 
-    def _count_skipped(self, n: int) -> None:
-        """``n`` blocks of a store job were not admitted (the policy's counter)."""
-        if n and self.skip_counter is not None:
-            c = self.counters
-            setattr(c, self.skip_counter, getattr(c, self.skip_counter) + n)
-
     def _leave_out_evicted(self, job: Job, s: Summary) -> None:
         """Drop from ``job``'s stored event the keys evicted while it was in flight."""
         gone = self._evicted_in_flight
@@ -243,6 +242,7 @@ class Ledger:
             if not s.event.keys:
                 s.event = None
         gone.difference_update(job.keys)
+        gone.difference_update(job.declined)
 
     def _apply_load(self, job: Job, s: Summary) -> None:
         # Loaded keys are in the presence index already: stored by this

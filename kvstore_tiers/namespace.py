@@ -39,6 +39,7 @@ from kvstore_tiers.fingerprint import (
     model_identity,
 )
 from kvstore_tiers.frame import NAMESPACE_DIGEST_BYTES
+from kvstore_tiers.naming import object_name
 
 logger = logging.getLogger(__name__)
 
@@ -162,17 +163,8 @@ class Namespace:
         return f"{self.name} ({', '.join(parts)})"
 
     def object_name(self, key: bytes) -> str:
-        """Backend-neutral object name of an OffloadKey.
-
-        ``<namespace>/<hash[:3]>/<hash>_g<group>.kvf`` -- one level of 4,096
-        hash-derived shards: no directory holds more than a few thousand
-        files until billions of blocks, request load spreads over 4,096 S3
-        prefixes, and the fs backend creates the shard directories once at
-        startup, so no store ever pays for a ``mkdir``.
-        """
-        hash_hex = key[:-4].hex()
-        group = int.from_bytes(key[-4:], "big")
-        return f"{self.name}/{hash_hex[:3]}/{hash_hex}_g{group}.kvf"
+        """Backend-neutral object name of an OffloadKey (see :mod:`kvstore_tiers.naming`)."""
+        return object_name(self.name, key)
 
 
 def parallel_agnostic_layout(config: Any) -> bool:
@@ -277,21 +269,3 @@ def engine_fields(vllm_config: Any | None) -> dict[str, str]:
         if value and value != "auto":
             out[key] = str(value)
     return out
-
-
-#: Number of shard directories under a namespace (hash prefixes 000..fff).
-SHARDS = [f"{i:03x}" for i in range(4096)]
-
-
-def key_from_object_name(name: str) -> bytes | None:
-    """Inverse of :meth:`Namespace.object_name` (None if ``name`` is not one)."""
-    parts = name.rsplit("/", 2)
-    if len(parts) != 3 or not parts[2].endswith(".kvf"):
-        return None
-    try:
-        hash_hex, group = parts[2][:-4].rsplit("_g", 1)
-        if not hash_hex.startswith(parts[1]):
-            return None
-        return bytes.fromhex(hash_hex) + int(group).to_bytes(4, "big")
-    except (IndexError, ValueError, OverflowError):
-        return None

@@ -72,7 +72,15 @@ class PoolJob:
 
         ``runs``: False when the job is started only to be cancelled. Runs
         under the pool's lock: allocate, do not wait on anything or raise.
+        A job that will run may :meth:`narrow` itself here.
         """
+
+    def narrow(self, n_slots: int) -> None:
+        """From :meth:`start` only: the job has ``n_slots`` slots (0 or more),
+        fewer than it was queued with; the pool drops the rest from its count
+        of queued chunks, and a job left with none finishes at once."""
+        assert 0 <= n_slots <= self.n_slots and self._next == 0
+        self.n_slots = self._remaining = n_slots
 
     def run(self, ctx: Any, start: int, stop: int) -> None:
         """Do slots ``[start, stop)`` (I/O thread); record their outcomes."""
@@ -295,7 +303,9 @@ class IOPool:
                         job = q[0]
                         start = job._next
                         if start == 0:
+                            queued = job.n_slots
                             job.start(runs=True)
+                            self._taken_chunks += queued - job.n_slots  # narrowed
                         stop = job._next = min(start + job.batch, job.n_slots)
                         if stop == job.n_slots:
                             q.popleft()

@@ -2,7 +2,7 @@
 
 One generic adapter, one backend per subclass (``backend_cls``). It answers
 lookups (presence index, then vLLM's asynchronous existence check), hands
-transfers to the I/O pool as :class:`~kvstore_tiers.transfers.Job`\\ s, which
+transfers to the I/O pool as :class:`~kvstore_tiers.job.Job`\\ s, which
 move the bytes and come back with their outcome condensed, and applies those
 outcomes through its :class:`~kvstore_tiers.ledger.Ledger` (presence,
 breaker, counters, events). It is built from small parts
@@ -56,11 +56,12 @@ from kvstore_tiers import assembly
 from kvstore_tiers.backends.base import Backend
 from kvstore_tiers.codecs import resolve_compression
 from kvstore_tiers.config import TierConfig, validate_config
+from kvstore_tiers.existence import ExistenceCheck
 from kvstore_tiers.health import BreakerState
+from kvstore_tiers.job import Job, PrimaryRows, TouchJob, TransferContext
 from kvstore_tiers.ledger import Ledger
 from kvstore_tiers.metrics import metric_definitions
 from kvstore_tiers.shm import sweep_stale_regions
-from kvstore_tiers.transfers import ExistenceCheck, Job, PrimaryRows, TouchJob, TransferContext
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -145,12 +146,13 @@ class KVStoreTier(SecondaryTierManager):
         self.metrics, self.breaker, self._presence = ledger.metrics, ledger.breaker, ledger.presence
         self._failed = ledger.verdicts
         self._warn = ledger.warn
-        self._evicted_keys = self.backend.evicted_keys
+        evictions = self.backend.evictions
+        self._evicted_keys = evictions.keys if evictions is not None else ()
         #: The store admission policy (None: ``admission: always``, no call at all).
         self._admission = assembly.admission_policy(config, self.backend, ledger.counters,
                                                     self._block_size_bytes)
         if self._admission is not None:
-            ledger.skip_counter = self._admission.skip_counter
+            ledger.report_admission = self._admission.report
         #: Load jobs with a deadline still in flight (scanned by get_finished_jobs).
         self._deadlined: dict[int, Job] = {}
         self._ready: deque[JobResult] = deque()  # refused at submit, reported next poll
@@ -237,7 +239,7 @@ class KVStoreTier(SecondaryTierManager):
                 if job.deadline is not None:
                     self._deadlined.pop(job.job_id, None)
                 elif not job.is_load:
-                    self._store_bytes_in_flight -= job.n_slots * self._block_size_bytes
+                    self._store_bytes_in_flight -= job.offered * self._block_size_bytes
                 job.reported = True
                 try:
                     results.append(self._ledger.completed(job))
@@ -319,9 +321,9 @@ class KVStoreTier(SecondaryTierManager):
             except Exception:
                 logger.exception("kvstore tier %s: error during shutdown", self.tier_type)
         self.rows.release()
+        c = self.counters
         self._ledger.write_stats_file(os.environ.get(STATS_DIR_ENV), self.backend.describe(),
                                       self.namespace.name, f"{os.getpid()}-{id(self):x}")
-        c = self.metrics.counters
         logger.info(
             "kvstore tier '%s' shut down: %d objects stored (%d skipped), %d loaded, "
             "%d corrupt, %d store / %d load failures, %d dropped",
@@ -345,8 +347,9 @@ class KVStoreTier(SecondaryTierManager):
 
     # ---------------------------------------------------------------- internals
     def _gauges(self) -> dict[str, float]:
+        evictions = self.backend.evictions
         return self._ledger.gauges(self._pool.queued_chunks, self._store_bytes_in_flight,
-                                   self.backend.evicted_objects)
+                                   evictions.objects if evictions is not None else 0)
 
     def _fail_now(self, job_id: int, job: TransferJob, is_load: bool) -> None:
         """Report a job failed at the next get_finished_jobs (never raises)."""

@@ -52,7 +52,7 @@ def kv_samples() -> list[tuple[dict[str, Any], np.ndarray]]:
 @pytest.fixture
 def harness_factory() -> Iterator[Callable[..., Any]]:
     """Build vLLM spec+manager harnesses; every one is shut down at test end."""
-    from kvstore_tiers.tools.harness import build_harness
+    from kvstore_tiers.admin.harness import build_harness
 
     made: list[Any] = []
 

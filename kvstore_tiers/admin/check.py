@@ -67,7 +67,7 @@ def check_tier(tier: Mapping[str, Any], *, block_bytes: int = 256 << 10,
     """Validate, connect and round-trip one block through vLLM's real manager.
 
     The tier is built by vLLM's ``SecondaryTierFactory`` inside a real
-    ``TieringOffloadingManager`` (:func:`kvstore_tiers.tools.harness.build_harness`),
+    ``TieringOffloadingManager`` (:func:`kvstore_tiers.admin.harness.build_harness`),
     so this checks what ``vllm serve`` would build. One random block is
     stored by a first manager, which is shut down; a second manager (a
     restarted engine) looks it up, which asks the backend, and loads it; the
@@ -77,7 +77,7 @@ def check_tier(tier: Mapping[str, Any], *, block_bytes: int = 256 << 10,
     """
     import numpy as np
 
-    from kvstore_tiers.tools.harness import build_harness, make_keys
+    from kvstore_tiers.admin.harness import build_harness, make_keys
 
     kind = backend_type(tier) if "type" in tier else "?"
     rep = CheckReport(tier_type=kind, ok=False, block_bytes=block_bytes)

@@ -21,7 +21,7 @@ from kvstore_tiers.backends.base import Backend, Buffer, ObjectInfo
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing
 from kvstore_tiers.frame import CODEC_ENCRYPTED, FrameHeader, verify_frame
-from kvstore_tiers.namespace import key_from_object_name
+from kvstore_tiers.naming import key_from_object_name
 
 
 @dataclass

@@ -1,12 +1,12 @@
-"""The backend interface: put, get, check and delete bytes.
+"""The backend contract: put, get, check and delete bytes.
 
-A backend knows nothing of vLLM, rows, codecs or threads. The core hands it
-object names (from :meth:`Namespace.object_name`) and whole frames, from its
-I/O threads, and turns the backend's three kinds of error
-(:mod:`kvstore_tiers.errors`) into misses and failed jobs. A new backend is
-one module: subclass :class:`Backend`, declare a
-:class:`~kvstore_tiers.config.TierConfig` subclass with its keys, register it
-under the ``kvstore_tiers.backends`` entry-point group, and subclass
+A backend knows nothing of vLLM, rows or threads. The core hands it object
+names (:mod:`kvstore_tiers.naming`) and whole frames, from its I/O threads,
+and turns the backend's three kinds of error (:mod:`kvstore_tiers.errors`)
+into misses and failed jobs. A new backend is one package: subclass
+:class:`Backend`, declare a :class:`~kvstore_tiers.config.TierConfig`
+subclass with its keys, register it under the ``kvstore_tiers.backends``
+entry-point group, and subclass
 :class:`kvstore_tiers.testing.backend.BackendTests` in its tests.
 
 Contract of the data methods (called concurrently from several threads):
@@ -20,43 +20,42 @@ Contract of the data methods (called concurrently from several threads):
 * ``delete(name)`` removes an object; a missing one is not an error.
 * ``iter_objects(prefix)`` yields :class:`ObjectInfo` for administration.
 
-Optional capabilities, each declared by a ``supports_*`` flag (the core reads
-the flags, never compares methods): ``delete_many`` (one native batch;
-default: a loop over ``delete``), ``touch_many`` (refresh LRU/TTL; default:
-nothing), ``read_into`` (a zero-copy load of one frame, header first,
-through :meth:`FrameCodec.receive`) and ``capacity_usage`` (bytes used and
-allowed: the signal of ``admission: adaptive``).
-
-``store_many``/``load_many`` are the batched entry points the core calls,
-with at most ``tuning.store_batch`` / ``tuning.load_batch`` items; the
-defaults loop over ``put`` (``read_into`` or ``get``) through the
-:class:`~kvstore_tiers.frame.FrameCodec`, and a backend overrides them for
-pipelining (redis, s3) or one call per batch (fs). Both RETURN one result per
-item, in order, and never raise: the frame bytes moved (stores: 0 when the
-object already existed), or the item's error.
+Optional capabilities, each declared by a ``supports_*`` flag with its
+methods (the core reads the flags, never compares methods):
+``delete_many`` (one native batch; default: a loop over ``delete``),
+``touch_many`` (refresh LRU/TTL; default: nothing), ``read_into`` (a
+zero-copy load of one frame through :meth:`FrameCodec.receive`),
+``store_many``/``load_many`` (a batch done natively: pipelined requests,
+one GIL-free call; the default loops are the core's,
+:mod:`kvstore_tiers.batching`) and ``capacity_usage``/``object_bytes`` (how
+full the store is: the signal of ``admission: adaptive``). A store that
+evicts on its own reports it through its :attr:`Backend.evictions` log
+(:mod:`kvstore_tiers.backends.eviction_log`).
 """
 
 from __future__ import annotations
 
-import threading
 from abc import ABC, abstractmethod
-from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from kvstore_tiers.config import TierConfig
-from kvstore_tiers.errors import BackendError, TransientError
-from kvstore_tiers.namespace import key_from_object_name
 
 if TYPE_CHECKING:
+    from kvstore_tiers.backends.eviction_log import EvictionLog
+    from kvstore_tiers.batching import LoadItem, Result, StoreItem
     from kvstore_tiers.frame import FrameCodec
-    from kvstore_tiers.namespace import Namespace
 
 Buffer = bytes | bytearray | memoryview
 
-#: Evicted keys a backend holds for its tier to take (:attr:`Backend.evicted_keys`).
-EVICTED_KEYS_MAX = 1 << 16
+
+class StoreNamespace(Protocol):
+    """What a backend knows of the namespace: its name (the first part of
+    every object name) and the run config it may record beside the objects."""
+
+    name: str
+    run_config: Mapping[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,29 +92,6 @@ class ObjectInfo:
     mtime: float
 
 
-@dataclass(slots=True)
-class StoreItem:
-    """One row to store: object ``name`` of block ``key`` from ``src``."""
-
-    name: str
-    key: bytes
-    src: memoryview
-
-
-@dataclass(slots=True)
-class LoadItem:
-    """One row to load: object ``name`` of block ``key`` into ``dest``."""
-
-    name: str
-    key: bytes
-    dest: memoryview
-
-
-#: One item's result from ``store_many``/``load_many``: frame bytes moved
-#: (stores: 0 = the object existed already) or the item's error.
-Result = int | BaseException
-
-
 class Backend(ABC):
     """Abstract byte store. Subclasses set the class attributes and data methods."""
 
@@ -133,41 +109,15 @@ class Backend(ABC):
     supports_read_into: ClassVar[bool] = False
     #: ``capacity_usage`` can tell how full the store is (adaptive admission's signal).
     supports_capacity: ClassVar[bool] = False
+    #: ``store_many``/``load_many`` do a batch natively (else the core's loops).
+    supports_batches: ClassVar[bool] = False
+    #: What the store removed on its own, where it evicts (set by the backend,
+    #: at latest in :meth:`open`); None: it never evicts.
+    evictions: EvictionLog | None = None
 
-    def __init__(self, config: Any, namespace: Namespace) -> None:
+    def __init__(self, config: Any, namespace: StoreNamespace) -> None:
         self.config = config
         self.namespace = namespace
-        #: Objects this backend removed for capacity (eviction), or its server
-        #: evicted or expired, for metrics.
-        self.evicted_objects = 0
-        #: Of those, the ones removed because the store was full (not expired):
-        #: adaptive admission counts a tier that evicted lately as full.
-        self.evicted_for_capacity = 0
-        #: Keys of objects evicted by this backend (fs ``max_bytes``) or its
-        #: server (redis ``maxmemory``, ``ttl_s``), appended by its threads
-        #: through :meth:`note_evicted`, taken by the tier: its presence index
-        #: forgets them instead of answering HIT for a block that is gone.
-        #: Bounded: past it the oldest are dropped (those keys' next loads
-        #: fail and are recomputed, as for an object another process removed).
-        self.evicted_keys: deque[bytes] = deque(maxlen=EVICTED_KEYS_MAX)
-        self._evicted_lock = threading.Lock()
-
-    def note_evicted(self, objects: int, keys: Iterable[bytes], for_capacity: bool = True) -> None:
-        """Record ``objects`` objects the store removed for capacity (or its server
-        evicted or, ``for_capacity`` False, expired), ``keys`` the block keys among
-        them: the count goes to ``evicted_objects`` (and ``evicted_for_capacity``),
-        the keys to ``evicted_keys``. Safe from several threads."""
-        with self._evicted_lock:  # several threads may report (one per cluster primary)
-            self.evicted_objects += objects
-            if for_capacity:
-                self.evicted_for_capacity += objects
-        self.evicted_keys.extend(keys)
-
-    def note_evicted_names(self, names: Sequence[str]) -> None:
-        """:meth:`note_evicted` for objects removed for capacity, given by their
-        names (or paths ending in one): the keys are read back from the names."""
-        self.note_evicted(len(names), [k for k in map(key_from_object_name, names)
-                                       if k is not None])
 
     @property
     def tuning(self) -> IOTuning:
@@ -246,70 +196,14 @@ class Backend(ABC):
         size. Raises the item's error. Only with ``supports_read_into``."""
         raise NotImplementedError(f"{type(self).__name__} does not support read_into")
 
-    # -- frames (what the core calls) -------------------------------------------
     def store_many(self, items: Sequence[StoreItem], codec: FrameCodec) -> list[Result]:
-        """Store every item; per item the frame bytes written, 0 if it existed, or the error."""
-        out: list[Result] = []
-        for item in items:
-            try:
-                header, payload = codec.encode(item.key, item.src)
-                written = self.put(item.name, (header, payload))
-                out.append(len(header) + len(payload) if written else 0)
-            except Exception as exc:
-                out.append(classify(exc))
-        return out
+        """Encode and store every item as one native batch; per item the frame
+        bytes written, 0 if it existed, or the error; never raises. Only with
+        ``supports_batches`` (:func:`kvstore_tiers.batching.store_many`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support batches")
 
     def load_many(self, items: Sequence[LoadItem], codec: FrameCodec) -> list[Result]:
-        """Load every item into its row; per item the frame bytes received or the error."""
-        out: list[Result] = []
-        direct = type(self).supports_read_into
-        for item in items:
-            try:
-                if direct:
-                    out.append(self.read_into(item, codec))
-                else:
-                    frame = self.get(item.name)
-                    codec.decode_into(item.key, frame, item.dest)
-                    out.append(len(frame))
-            except Exception as exc:
-                out.append(classify(exc))
-        return out
-
-
-def encode_batch(
-    items: Sequence[StoreItem], codec: FrameCodec,
-    classify_error: Callable[[BaseException], BaseException] | None = None,
-) -> tuple[list[Result], list[tuple[int, bytearray, Buffer]]]:
-    """Encode every item's row into a frame, on the calling (pool) thread.
-
-    For batched ``store_many`` implementations. Returns ``(out, encoded)``:
-    ``out`` has one slot per item -- the classified error where encoding
-    failed, a "not attempted" TransientError placeholder elsewhere, for the
-    caller to overwrite with that item's result -- and ``encoded`` lists
-    ``(index, header, payload)`` of the items that encoded.
-    """
-    classify_error = classify_error or classify
-    out: list[Result] = [TransientError("not attempted")] * len(items)
-    encoded: list[tuple[int, bytearray, Buffer]] = []
-    for i, item in enumerate(items):
-        try:
-            header, payload = codec.encode(item.key, item.src)
-        except Exception as exc:
-            out[i] = classify_error(exc)
-            continue
-        encoded.append((i, header, payload))
-    return out, encoded
-
-
-def classify(exc: BaseException) -> BaseException:
-    """Map an arbitrary exception onto the backend error kinds.
-
-    ObjectMissing/ObjectCorrupt/TransientError pass through; anything else
-    (a bug, an unexpected client error) counts as transient, so it fails the
-    job without declaring the object corrupt.
-    """
-    if isinstance(exc, BackendError):
-        return exc
-    err = TransientError(f"{type(exc).__name__}: {exc}")
-    err.__cause__ = exc
-    return err
+        """Load every item into its row as one native batch; per item the frame
+        bytes received or the error; never raises. Only with ``supports_batches``
+        (:func:`kvstore_tiers.batching.load_many`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support batches")

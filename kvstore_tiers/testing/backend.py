@@ -38,7 +38,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstore_tiers.backends.base import Backend, IOTuning, LoadItem, StoreItem
+from kvstore_tiers.backends.base import Backend, IOTuning
+from kvstore_tiers.batching import LoadItem, StoreItem, load_many, store_many
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing
 from kvstore_tiers.frame import FrameCodec
@@ -117,13 +118,13 @@ class BackendTests:
               ids: list[int], rows: list[memoryview]) -> list[int | BaseException]:
         items = [StoreItem(self.name(namespace, i), _key(i), r)
                  for i, r in zip(ids, rows, strict=True)]
-        return backend.store_many(items, codec)
+        return store_many(backend, items, codec)
 
     def load(self, backend: Backend, codec: FrameCodec, namespace: Namespace,
              ids: list[int], dests: list[memoryview]) -> list[int | BaseException]:
         items = [LoadItem(self.name(namespace, i), _key(i), d)
                  for i, d in zip(ids, dests, strict=True)]
-        return backend.load_many(items, codec)
+        return load_many(backend, items, codec)
 
     # -- the byte contract ---------------------------------------------------------------
     def test_put_get_round_trip_of_parts(self, backend: Backend, namespace: Namespace) -> None:
@@ -218,6 +219,8 @@ class BackendTests:
         assert cls.supports_delete_many == (cls.delete_many is not Backend.delete_many)
         assert cls.supports_touch == (cls.touch_many is not Backend.touch_many)
         assert cls.supports_read_into == (cls.read_into is not Backend.read_into)
+        assert cls.supports_batches == (cls.store_many is not Backend.store_many)
+        assert cls.supports_batches == (cls.load_many is not Backend.load_many)
 
     def test_delete_many_removes_every_name(self, backend: Backend, namespace: Namespace) -> None:
         names = [self.name(namespace, 200 + i) for i in range(6)]

@@ -25,7 +25,7 @@ def invoke(*args: str) -> Result:
 def populate(harness_factory: Callable[..., Any], tier: dict[str, Any], n: int = 8,
              seed: int = 0, **kw: Any) -> list[bytes]:
     """Store ``n`` random blocks through vLLM's real manager; returns their keys."""
-    from kvstore_tiers.tools.harness import make_keys
+    from kvstore_tiers.admin.harness import make_keys
 
     h = harness_factory([tier], num_chunks=n, chunk_bytes=ROW, **kw)
     keys = make_keys(n, seed=seed)

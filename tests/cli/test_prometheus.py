@@ -52,7 +52,7 @@ def _value(text: str, name: str, **labels: str) -> float:
 
 def test_tier_metrics_in_vllm_prometheus_output(
         tmp_path: Path, harness_factory: Callable[..., Any]) -> None:
-    from kvstore_tiers.tools.harness import make_keys
+    from kvstore_tiers.admin.harness import make_keys
 
     tier = {"type": "fs", "root_dir": str(tmp_path / "kv")}
     n = 6

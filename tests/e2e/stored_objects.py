@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
-from kvstore_tiers.namespace import key_from_object_name
+from kvstore_tiers.naming import key_from_object_name
 from tests.servers import FAKE_KEY_ID, FAKE_SECRET, RedisServer
 
 SUFFIX = ".kvf"

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 from vllm.v1.kv_offload.base import LookupResult
 
-from kvstore_tiers.tools.harness import Harness, build_harness, rows_for
+from kvstore_tiers.admin.harness import Harness, build_harness, rows_for
 
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 #: A scheduler-thread call slower than this counts as a blocked engine step.
@@ -203,7 +203,7 @@ class Driver:
         byte-exact in the primary (the late threads discarded what they read).
         Returns the 4 new keys.
         """
-        from kvstore_tiers.tools.harness import make_keys
+        from kvstore_tiers.admin.harness import make_keys
 
         others = make_keys(4, seed=seed)
         other_rows = rows_for(others, self.row_bytes)
@@ -301,7 +301,7 @@ def run_tamper_matrix(d: Driver, seed: int) -> None:
     Each is a MISS (never wrong bytes) for the request that meets it; the
     other blocks of the same request still load.
     """
-    from kvstore_tiers.tools.harness import make_keys
+    from kvstore_tiers.admin.harness import make_keys
 
     keys = make_keys(10, seed=seed)
     d.store(keys, rows_for(keys, d.row_bytes))

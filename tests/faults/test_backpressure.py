@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.compat import detector_accepts_failure_threshold
-from kvstore_tiers.tools.harness import make_keys
 
 from .common import HIT, MISS, Driver, rows_for
 from .stall import StallFsBackend

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from kvstore_tiers.tools.harness import make_keys
+from kvstore_tiers.admin.harness import make_keys
 
 from .common import HIT, MISS, Driver, rows_for
 from .stall import StallFsBackend

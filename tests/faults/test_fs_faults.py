@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.backends.fs import fileio as fs_io
-from kvstore_tiers.tools.harness import make_keys
 
 from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix, score
 
@@ -34,10 +34,10 @@ _WRITER = r"""
 import json, mmap, sys
 import numpy as np
 from kvstore_tiers.backends.fs import FileSystemBackend, FsConfig
-from kvstore_tiers.backends.base import StoreItem
+from kvstore_tiers.batching import StoreItem
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.frame import FrameCodec
-from kvstore_tiers.tools.harness import make_keys
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.namespace import Namespace
 
 root, run_config = sys.argv[1], json.loads(sys.argv[2])
@@ -248,7 +248,7 @@ def test_max_bytes_caps_usage_on_a_small_disk(tmpfs: Path, chunk: int) -> None:
 _CAPPED_WRITER = r"""
 import sys
 import numpy as np
-from kvstore_tiers.tools.harness import build_harness, make_keys
+from kvstore_tiers.admin.harness import build_harness, make_keys
 
 root = sys.argv[1]
 cap, chunk, n, seed = (int(a) for a in sys.argv[2:6])

@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 from redis.crc import key_slot
 
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.health import CircuitBreaker
-from kvstore_tiers.tools.harness import make_keys
 
 from ..servers import RedisCluster, RedisServer
 from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix

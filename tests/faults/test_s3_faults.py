@@ -24,12 +24,12 @@ from typing import Any
 import numpy as np
 import pytest
 
+from kvstore_tiers.admin.harness import build_harness, make_keys
 from kvstore_tiers.backends.s3 import S3Backend
 from kvstore_tiers.backends.s3.client import EventLoop
 from kvstore_tiers.backends.s3.config import as_config
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.health import BreakerState
-from kvstore_tiers.tools.harness import build_harness, make_keys
 
 from ..backends.s3.s3_helpers import fetch, harness, random_rows
 from ..servers import run_moto, s3_client, tier_config_factory

@@ -8,8 +8,8 @@ import time
 import tracemalloc
 from pathlib import Path
 
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.presence import PresenceIndex
-from kvstore_tiers.tools.harness import make_keys
 
 from .common import HIT, Driver, rows_for
 

@@ -3,7 +3,7 @@
 Run as ``python child_memory_tier.py SCENARIO``, with or without the
 kvstore-memory plugin on ``PYTHONPATH``. Everything goes through vLLM's real
 ``TieringOffloadingSpec`` -> ``TieringOffloadingManager`` ->
-``SecondaryTierFactory`` (``kvstore_tiers.tools.harness``), exactly as in an engine.
+``SecondaryTierFactory`` (``kvstore_tiers.admin.harness``), exactly as in an engine.
 
 Scenarios:
 
@@ -28,8 +28,8 @@ RESULT_PREFIX = "RESULT "
 def roundtrip() -> dict[str, Any]:
     from vllm.v1.kv_offload.base import LookupResult
 
+    from kvstore_tiers.admin.harness import build_harness, make_keys
     from kvstore_tiers.registry import backend_names
-    from kvstore_tiers.tools.harness import build_harness, make_keys
 
     n, row_bytes = 8, 4096
     h = build_harness([{"type": "memory", "max_bytes": 1 << 20}], num_chunks=16,
@@ -63,7 +63,7 @@ def roundtrip() -> dict[str, Any]:
 
 
 def unknown() -> dict[str, Any]:
-    from kvstore_tiers.tools.harness import build_harness
+    from kvstore_tiers.admin.harness import build_harness
 
     out: dict[str, Any] = {}
     routes = {

@@ -66,15 +66,15 @@ def test_put_get_exists_delete_contract(memory_mod: ModuleType) -> None:
 def test_evicted_objects_report_their_keys(memory_mod: ModuleType) -> None:
     from types import SimpleNamespace
 
+    from kvstore_tiers.admin.harness import make_keys
     from kvstore_tiers.namespace import Namespace
-    from kvstore_tiers.tools.harness import make_keys
 
     b = _backend(memory_mod, 300)
     keys = make_keys(4, seed=3)
     for k in keys:  # the fourth evicts the first
         b.put(Namespace.object_name(SimpleNamespace(name="ns"), k), [bytes(100)])  # type: ignore[arg-type]
-    assert b.evicted_objects == b.evicted_for_capacity == 1
-    assert list(b.evicted_keys) == [keys[0]]  # for the tier's presence index
+    assert b.evictions.objects == b.evictions.for_capacity == 1
+    assert list(b.evictions.keys) == [keys[0]]  # for the tier's presence index
 
 
 def test_lru_eviction_keeps_the_budget(memory_mod: ModuleType) -> None:
@@ -87,7 +87,7 @@ def test_lru_eviction_keeps_the_budget(memory_mod: ModuleType) -> None:
     b.touch_many(["b"])   # then b
     b.put("d", [bytes(100)])  # evicts c, the least recently used
     assert b.exists_many(list("abcd")) == [True, True, False, True]
-    assert b.used_bytes == 300 and b.evicted_objects == 1
+    assert b.used_bytes == 300 and b.evictions.objects == 1
     b.put("e", [bytes(250)])  # needs room for 250: evicts a, b and d
     assert b.exists_many(list("abde")) == [False, False, False, True]
     assert b.used_bytes == 250

@@ -13,11 +13,11 @@ import pytest
 
 pytest.importorskip("cryptography")
 
+from kvstore_tiers.admin.harness import build_harness, make_keys
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.crypto import PayloadCipher
 from kvstore_tiers.errors import ConfigError, ObjectCorrupt
 from kvstore_tiers.frame import FrameCodec
-from kvstore_tiers.tools.harness import build_harness, make_keys
 
 from ..faults.common import HIT, MISS, Driver, rows_for
 

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("cryptography")
 pytest.importorskip("aiobotocore")
 
-from kvstore_tiers.tools.harness import make_keys
+from kvstore_tiers.admin.harness import make_keys
 
 from ..faults.common import HIT, MISS, Driver, rows_for
 from ..servers import FAKE_KEY_ID, FAKE_SECRET

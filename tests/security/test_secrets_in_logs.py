@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from kvstore_tiers.tools.harness import build_harness, make_keys
+from kvstore_tiers.admin.harness import build_harness, make_keys
 
 from ..faults.common import rows_for
 from ..servers import FAKE_KEY_ID, FAKE_SECRET

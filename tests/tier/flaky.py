@@ -16,8 +16,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from kvstore_tiers.backends.base import LoadItem, StoreItem
+from kvstore_tiers.backends.eviction_log import EvictionLog
 from kvstore_tiers.backends.fs import FileSystemBackend
+from kvstore_tiers.batching import LoadItem, StoreItem
 from kvstore_tiers.errors import TransientError
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.tier import KVStoreTier
@@ -27,6 +28,12 @@ class FlakyFsBackend(FileSystemBackend):
     dead: ClassVar[set[bytes]] = set()
     store_gate = threading.Event()
     store_stalled = threading.Event()
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # The tests hand over evictions here, as the fs evictor or a Redis
+        # keyevent listener would.
+        self.evictions = EvictionLog()
 
     @classmethod
     def reset(cls) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from vllm.v1.kv_offload.base import LookupResult, ReqContext
 from vllm.v1.kv_offload.tiering.base import TransferJob
 
-from kvstore_tiers.tools.harness import make_keys
+from kvstore_tiers.admin.harness import make_keys
 
 from ..conftest import rows_like
 from .flaky import flaky_tier
@@ -178,7 +178,7 @@ def test_adaptive_holds_a_tier_that_evicted_lately_full(harness_factory, tmp_pat
         h.store_all(make_keys(5, seed=60 + seed), rows_like(5, row, seed=seed))
         h.forget_primary()
     tier.backend.capacity.evict_now(wait=True)
-    assert tier.backend.evicted_for_capacity > 0
+    assert tier.backend.evictions.for_capacity > 0
     policy.signal.refresh()
     sig = policy.signal
     assert sig.capacity is not None and sig.used < sig.FULL_FRACTION * sig.capacity
@@ -371,7 +371,7 @@ def test_a_skipped_block_evicted_while_its_job_runs_gets_no_event(
     flaky.store_gate.clear()
     _submit_stores(h, [(1, seen + new, [0, 1])])
     assert flaky.store_stalled.wait(10)
-    tier.backend.note_evicted(1, [new[0]])
+    tier.backend.evictions.note(1, [new[0]])
     h.step()  # the poll that hands it to the presence index
     flaky.store_gate.set()
     assert _results(h, 1)[1].success

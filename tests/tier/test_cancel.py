@@ -13,8 +13,8 @@ import threading
 
 from vllm.v1.kv_offload.base import LookupResult
 
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.health import BreakerState, CircuitBreaker
-from kvstore_tiers.tools.harness import make_keys
 
 from ..conftest import rows_like
 from .flaky import flaky_tier

@@ -3,7 +3,7 @@ block is stored (the ledger's ``forget_evicted``)."""
 
 from __future__ import annotations
 
-from kvstore_tiers.tools.harness import make_keys
+from kvstore_tiers.admin.harness import make_keys
 
 from ..conftest import rows_like
 from .flaky import flaky_tier
@@ -26,7 +26,7 @@ def test_a_block_evicted_while_its_store_is_in_flight_is_never_reported_stored(
     assert flaky.store_stalled.wait(10)  # the job is in flight
     # The backend reports an eviction of a stored block and of the in-flight one
     # (what the fs evictor or a Redis keyevent hands over, injected at this moment).
-    tier.backend.note_evicted(2, [stored_before[0], keys[0]])
+    tier.backend.evictions.note(2, [stored_before[0], keys[0]])
     h.step()  # the poll that hands them to the presence index
     flaky.store_gate.set()
     h.settle()
@@ -53,7 +53,7 @@ def test_a_store_failed_as_a_whole_forgets_its_evicted_keys(harness_factory, tmp
     keys = make_keys(2, seed=3)
     ctx = h.store(keys, rows_like(2, ROW))
     assert flaky.store_stalled.wait(10)
-    tier.backend.note_evicted(1, [keys[0]])
+    tier.backend.evictions.note(1, [keys[0]])
     h.step()
     # The fault injected: applying the finished job raises, so it is reported failed.
     apply_store = ledger._apply_store

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from vllm.v1.kv_offload.base import LookupResult
 
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.health import BreakerState
-from kvstore_tiers.tools.harness import make_keys
 
 from ..conftest import rows_like
 from .flaky import flaky_tier

@@ -7,11 +7,11 @@ import random
 import pytest
 
 from kvstore_tiers import admission
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.admission import FrequencySketch, ReusePolicy
 from kvstore_tiers.config import TierConfig, validate_config
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.metrics import TierCounters
-from kvstore_tiers.tools.harness import make_keys
 
 
 @pytest.fixture(params=["native", "python"])
@@ -133,11 +133,16 @@ def test_reuse_writes_on_the_nth_sighting() -> None:
     assert policy.admit(keys) is None
 
 
-def test_each_policy_names_the_counter_of_what_it_skips() -> None:
+def test_each_policy_counts_what_it_skips_in_its_own_counter() -> None:
+    keys = make_keys(3, seed=8)
+    reuse = ReusePolicy(FrequencySketch(1 << 12), 2)
+    assert reuse.admit(keys) == []  # first sighting: none written
     counters = TierCounters()
-    for policy in (ReusePolicy, admission.AdaptivePolicy):
-        assert isinstance(getattr(counters, policy.skip_counter), int)
-    assert ReusePolicy.skip_counter != admission.AdaptivePolicy.skip_counter
+    reuse.report(counters)
+    assert counters.stores_not_admitted_rare == 3 and counters.stores_not_admitted_cold == 0
+    assert reuse.admit(keys) is None  # second: all written, nothing more counted
+    reuse.report(counters)
+    assert counters.stores_not_admitted_rare == 3
 
 
 @pytest.mark.parametrize(("key", "value"), [

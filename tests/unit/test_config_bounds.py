@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
+from kvstore_tiers.admin.harness import build_harness
 from kvstore_tiers.backends.redis import RedisConfig
 from kvstore_tiers.backends.s3.config import S3Config
 from kvstore_tiers.config import validate_config
 from kvstore_tiers.errors import ConfigError
-from kvstore_tiers.tools.harness import build_harness
 
 S3 = {"type": "s3", "bucket": "kv-bucket", "endpoint_url": "http://127.0.0.1:9"}
 REDIS = {"type": "redis", "url": "redis://127.0.0.1:9/0"}

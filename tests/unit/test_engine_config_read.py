@@ -62,7 +62,7 @@ def test_vllms_connector_builds_the_tier_with_the_engines_fields(built: dict[str
 def _spec() -> Any:
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
-    from kvstore_tiers.tools.harness import make_offloading_config
+    from kvstore_tiers.admin.harness import make_offloading_config
 
     return OffloadingSpecFactory.create_spec(make_offloading_config([], model="org/model"))
 

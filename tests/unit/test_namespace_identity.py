@@ -189,7 +189,7 @@ def test_missing_files_raise(tmp_path: Path) -> None:
 def _spec(model: Path | str) -> object:
     from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 
-    from kvstore_tiers.tools.harness import make_offloading_config
+    from kvstore_tiers.admin.harness import make_offloading_config
 
     return OffloadingSpecFactory.create_spec(make_offloading_config([], model=str(model)))
 

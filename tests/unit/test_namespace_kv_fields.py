@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kvstore_tiers.tools.harness import Harness, make_keys
+from kvstore_tiers.admin.harness import Harness, make_keys
 from tests.unit.engine_configs import BASE, kv_cache_config_for, vllm_config_for
 
 pytest.importorskip("vllm.engine.arg_utils")

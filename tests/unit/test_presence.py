@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.presence import PresenceIndex
-from kvstore_tiers.tools.harness import make_keys
 
 
 @dataclass

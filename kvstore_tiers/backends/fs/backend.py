@@ -35,12 +35,9 @@ from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
     IOTuning,
-    LoadItem,
     ObjectInfo,
-    StoreItem,
-    classify,
-    encode_batch,
 )
+from kvstore_tiers.backends.eviction_log import EvictionLog
 from kvstore_tiers.backends.fs import fileio
 from kvstore_tiers.backends.fs.config import FsConfig
 from kvstore_tiers.backends.fs.direct import (
@@ -53,7 +50,14 @@ from kvstore_tiers.backends.fs.direct import (
 )
 from kvstore_tiers.backends.fs.layout import prepare_namespace_dir, walk_prefix
 from kvstore_tiers.backends.fs.writers import WriterLock, sweep_stale
-from kvstore_tiers.errors import ConfigError, ObjectCorrupt, ObjectMissing, TransientError
+from kvstore_tiers.batching import LoadItem, StoreItem, encode_batch
+from kvstore_tiers.errors import (
+    ConfigError,
+    ObjectCorrupt,
+    ObjectMissing,
+    TransientError,
+    classify,
+)
 from kvstore_tiers.frame import FrameCodec
 
 logger = logging.getLogger(__name__)
@@ -87,6 +91,7 @@ class FileSystemBackend(Backend):
     #: A load is a vectored read of a page of header and then the row.
     supports_read_into = True
     supports_capacity = True  # with max_bytes
+    supports_batches = True
 
     def __init__(self, config: FsConfig, namespace: Any) -> None:
         super().__init__(config, namespace)
@@ -123,6 +128,7 @@ class FileSystemBackend(Backend):
         if self.config.max_bytes is not None or self.config.min_free_bytes is not None:
             from kvstore_tiers.backends.fs.capacity import CapacityController
 
+            self.evictions = EvictionLog()
             capacity = CapacityController(self.base, self.config, self._on_evicted, self.writer)
             try:
                 capacity.start()
@@ -161,8 +167,9 @@ class FileSystemBackend(Backend):
 
     def _on_evicted(self, paths: list[str]) -> None:
         # The evictor thread: the keys go to the tier's presence index
-        # (Backend.evicted_keys), so that it stops answering HIT for them.
-        self.note_evicted_names(paths)
+        # (through the eviction log), so that it stops answering HIT for them.
+        assert self.evictions is not None  # made with the controller
+        self.evictions.note_names(paths)
 
     def _temp_name(self, path: str) -> str:
         assert self.writer is not None, "open() first"
@@ -331,7 +338,7 @@ class FileSystemBackend(Backend):
         ObjectCorrupt for anything but our frame of this key."""
         n, size, *crc = read
         rx = codec.receive(item.key, hdr[: min(n, PAGE)], size, item.dest)
-        in_place = rx.direct and rx.header.header_len == PAGE and n == PAGE + len(item.dest)
+        in_place = rx.raw_payload_at(PAGE) and n == PAGE + len(item.dest)
         if not in_place:
             # Not a raw payload the vectored read put in place (compressed,
             # encrypted, another header length, a short read): read the rest.

@@ -1,7 +1,7 @@
 """Where an fs namespace's files live.
 
 ``<root_dir>/<namespace>/<hash[:3]>/<hash>_g<group>.kvf`` (the object name
-from :meth:`Namespace.object_name`, under the root) plus
+from :func:`kvstore_tiers.naming.object_name`, under the root) plus
 ``<root_dir>/<namespace>/config.json`` (vLLM's FileMapper run config). The
 4,096 shard directories are created once, at the first start on a root_dir
 (a ``.shards`` marker says so), so a store never pays for a ``mkdir`` (with
@@ -20,13 +20,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from kvstore_tiers.namespace import SHARDS
+from kvstore_tiers.naming import SHARDS, SUFFIX
 
 __all__ = ["SUFFIX", "make_shards", "prepare_namespace_dir", "walk_objects",
            "walk_prefix"]
-
-#: Suffix of every object file (temp files and markers never end with it).
-SUFFIX = ".kvf"
 
 
 def prepare_namespace_dir(base: Path, run_config: Mapping[str, Any]) -> None:

@@ -51,12 +51,9 @@ from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
     IOTuning,
-    LoadItem,
     ObjectInfo,
-    Result,
-    StoreItem,
-    encode_batch,
 )
+from kvstore_tiers.backends.eviction_log import EvictionLog
 from kvstore_tiers.backends.redis.client import (
     Build,
     ServerInfo,
@@ -72,8 +69,9 @@ from kvstore_tiers.backends.redis.client import (
 from kvstore_tiers.backends.redis.config import RedisConfig
 from kvstore_tiers.backends.redis.evictions import EvictionListener, check_notifications
 from kvstore_tiers.backends.redis.fastio import FastIO, fast_io_supported
+from kvstore_tiers.batching import LoadItem, Result, StoreItem, encode_batch
 from kvstore_tiers.errors import ObjectMissing, TransientError, detached
-from kvstore_tiers.frame import HEADER_FIXED, FrameCodec, created_ms
+from kvstore_tiers.frame import LISTING_READ, FrameCodec, created_ms
 from kvstore_tiers.ratelimit import RateLimitedLogger
 from kvstore_tiers.redact import redact_nodes, redact_url
 
@@ -93,6 +91,7 @@ class RedisBackend(Backend):
     supports_touch = True
     supports_delete_many = True
     supports_capacity = True  # with maxmemory
+    supports_batches = True
 
     def __init__(self, config: RedisConfig, namespace: Any) -> None:
         super().__init__(config, namespace)
@@ -142,6 +141,7 @@ class RedisBackend(Backend):
     def _follow_evictions(self, events: list[str]) -> None:
         cfg = self.config
         db = 0 if cfg.is_cluster else self.client.connection_pool.connection_kwargs.get("db", 0)
+        self.evictions = EvictionLog()
         self._evictions = EvictionListener(
             self.client, cfg.is_cluster, [f"__keyevent@{db}__:{e}" for e in events],
             self.prefix, self.namespace.name, self._on_removed)
@@ -151,8 +151,9 @@ class RedisBackend(Backend):
         # A listener thread. Deleted objects (another process's gc) leave the
         # index too, but are not evictions: they do not count in objects_evicted.
         # Expired ones are, but say nothing of the tier being full.
-        self.note_evicted(0 if event == "del" else len(keys), keys,
-                          for_capacity=event == "evicted")
+        assert self.evictions is not None  # made before the listener
+        self.evictions.note(0 if event == "del" else len(keys), keys,
+                            for_capacity=event == "evicted")
 
     def close(self) -> None:
         evictions, self._evictions = self._evictions, None
@@ -310,7 +311,7 @@ class RedisBackend(Backend):
 
         def flush() -> Iterator[tuple[str, int, Any]]:
             replies = self._run(
-                lambda p, ks: [(p.strlen(k), p.getrange(k, 0, HEADER_FIXED - 1)) for k in ks],
+                lambda p, ks: [(p.strlen(k), p.getrange(k, 0, LISTING_READ - 1)) for k in ks],
                 batch, per=2,
             )
             for i, key in enumerate(batch):

@@ -11,7 +11,7 @@ Redis says which keys it evicted or expired through keyevent notifications
 (``__keyevent@<db>__:evicted``, ``...:expired``). :class:`EvictionListener`
 subscribes to them, on every primary of a cluster (notifications are
 node-local), and hands the block keys of this tier's namespace to the
-backend's ``evicted_keys``, which the tier's presence index forgets (as it
+backend's eviction log (``Backend.evictions``), which the tier's presence index forgets (as it
 does the fs evictor's).
 
 Redis publishes them only when ``notify-keyspace-events`` holds ``E`` and
@@ -53,7 +53,7 @@ import redis.exceptions as rexc
 
 from kvstore_tiers.backends.redis.client import BACKOFF_BASE_S, BACKOFF_CAP_S
 from kvstore_tiers.errors import ConfigError
-from kvstore_tiers.namespace import key_from_object_name
+from kvstore_tiers.naming import key_from_object_name
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
 logger = logging.getLogger(__name__)

@@ -41,11 +41,9 @@ from typing import Any
 import redis.exceptions as rexc
 
 from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing, TransientError, detached
-from kvstore_tiers.frame import FrameCodec
+from kvstore_tiers.frame import FIRST_READ, FrameCodec
 
 CRLF = b"\r\n"
-#: Bytes of a value read before its header is parsed (fixed part + key + pad).
-HEAD_PEEK = 256
 #: SET value bytes unanswered at once, over all connections (the store window).
 SET_WINDOW_BYTES = 8 << 20
 #: GETs one connection keeps unanswered at once.
@@ -320,7 +318,7 @@ class FastIO:
         n = int(rest)
         if n < 0:  # RESP2 null bulk
             return ObjectMissing(key.decode(errors="replace"))
-        head = self._scratch_head(min(n, HEAD_PEEK))
+        head = self._scratch_head(min(n, FIRST_READ))
         r.readinto(head)
         consumed = len(head)
         # Errors kept as results are detached: their tracebacks would hold
@@ -349,7 +347,7 @@ class FastIO:
     def _scratch_head(self, n: int) -> memoryview:
         buf = getattr(self._local, "head", None)
         if buf is None:
-            buf = self._local.head = bytearray(HEAD_PEEK)
+            buf = self._local.head = bytearray(FIRST_READ)
         return memoryview(buf)[:n]
 
 

@@ -52,11 +52,7 @@ from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
     IOTuning,
-    LoadItem,
     ObjectInfo,
-    StoreItem,
-    classify,
-    encode_batch,
 )
 from kvstore_tiers.backends.s3.client import (
     EventLoop,
@@ -67,7 +63,8 @@ from kvstore_tiers.backends.s3.client import (
 from kvstore_tiers.backends.s3.config import MAX_SINGLE_PUT, S3Config, put_extra_args, scrub
 from kvstore_tiers.backends.s3.lifecycle import iter_objects as _iter_objects
 from kvstore_tiers.backends.s3.probe import probe as _probe
-from kvstore_tiers.errors import ObjectMissing, TransientError
+from kvstore_tiers.batching import LoadItem, StoreItem, encode_batch
+from kvstore_tiers.errors import ObjectMissing, TransientError, classify
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
@@ -120,6 +117,7 @@ class S3Backend(Backend):
     config_model = S3Config
     remote = True
     supports_delete_many = True
+    supports_batches = True
 
     @property
     def tuning(self) -> IOTuning:

@@ -1,7 +1,7 @@
 """``bench --backpressure``: loads from a tier whose stores cannot keep up, with
 ``max_store_bytes_in_flight`` at its default and off.
 
-Through vLLM's real manager (:mod:`kvstore_tiers.tools.harness`), an fs tier
+Through vLLM's real manager (:mod:`kvstore_tiers.admin.harness`), an fs tier
 whose writes are throttled to ``write_mib_s`` (a slow disk or link; loads are
 not throttled). Each round, one request cascades ``flood`` new chunks (more
 than the throttled tier can write in a round), then another request looks
@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvstore_tiers.backends.base import Result, StoreItem
 from kvstore_tiers.backends.fs import FileSystemBackend
+from kvstore_tiers.batching import Result, StoreItem
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.tier import KVStoreTier
 
@@ -92,7 +92,7 @@ class ArmResult:
 def run_arm(plan: BackpressurePlan, arm: str, order: int) -> ArmResult:
     from vllm.v1.kv_offload.base import LookupResult
 
-    from kvstore_tiers.tools.harness import build_harness, make_keys, rows_for
+    from kvstore_tiers.admin.harness import build_harness, make_keys, rows_for
 
     root = plan.directory / f"{arm}-{order}"
     shutil.rmtree(root, ignore_errors=True)

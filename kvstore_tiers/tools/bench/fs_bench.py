@@ -2,7 +2,7 @@
 
 Run by ``kvstore-tiers bench --tier fs`` (:mod:`kvstore_tiers.tools.bench.runner`).
 Both tiers are built by vLLM's own factory inside vLLM's real
-TieringOffloadingManager (:mod:`kvstore_tiers.tools.harness`), on the same
+TieringOffloadingManager (:mod:`kvstore_tiers.admin.harness`), on the same
 directory's filesystem, with their default settings, in alternating rounds
 (the median is kept, since this machine is noisy). For each chunk size and
 for 1 and 4 concurrent requests:
@@ -44,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from kvstore_tiers.admin.harness import Harness, build_harness, make_keys
 from kvstore_tiers.backends.fs import O_DIRECT, probe_o_direct
 from kvstore_tiers.tools import samples as kv_samples
 from kvstore_tiers.tools.bench.pairing import (
@@ -52,7 +53,6 @@ from kvstore_tiers.tools.bench.pairing import (
     ratio_interval,
     round_ratios,
 )
-from kvstore_tiers.tools.harness import Harness, build_harness, make_keys
 
 KiB, MiB = 1 << 10, 1 << 20
 TIERS = {"kvstore": "fs", "vllm": "vllm_fs"}

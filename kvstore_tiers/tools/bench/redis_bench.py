@@ -7,7 +7,7 @@ run and against the same server:
 1. **Bandwidth.** ``redis-benchmark -t set,get -d <block>`` with as many
    connections (4) as the tier has store threads (its default
    ``n_write_threads``), and the tier driven through
-   vLLM's real TieringOffloadingManager (:mod:`kvstore_tiers.tools.harness`): one
+   vLLM's real TieringOffloadingManager (:mod:`kvstore_tiers.admin.harness`): one
    store job of ``--blocks`` chunks (cascade primary -> Redis), then, after
    the primary forgot them, one request that looks them up and loads them
    back (Redis -> primary). Incompressible bytes and ``compression: none``,
@@ -145,7 +145,7 @@ def tier_round(h: Any, rows: np.ndarray, seed: int) -> dict[str, float]:
       tier's I/O pool is idle -- the GETs and the frame checks into the
       rows, the work ``redis-benchmark -t get`` measures.
     """
-    from kvstore_tiers.tools.harness import make_keys
+    from kvstore_tiers.admin.harness import make_keys
 
     keys = make_keys(len(rows), seed=seed)
     nbytes = rows.nbytes
@@ -248,7 +248,7 @@ def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
     ~25 % slower than 2); ``pin``: see :func:`server_on_own_cpu`."""
     import redis
 
-    from kvstore_tiers.tools.harness import build_harness
+    from kvstore_tiers.admin.harness import build_harness
 
     rounds = even_rounds(rounds)
     rows = np.random.default_rng(0).integers(0, 256, (blocks, block_bytes), dtype=np.uint8)
@@ -315,7 +315,7 @@ def memory(samples_dir: Path) -> list[dict[str, Any]]:
     """Redis memory per block of the real KV samples, none vs kvsplit."""
     import redis
 
-    from kvstore_tiers.tools.harness import build_harness, make_keys
+    from kvstore_tiers.admin.harness import build_harness, make_keys
 
     results = []
     for entry, blocks in samples.load(samples_dir):
@@ -414,7 +414,7 @@ def external_bandwidth(url: str, block_bytes: int, blocks: int, rounds: int, thr
     :func:`raw_client_round`, alternating, under fresh prefixes, cleaned up."""
     import redis
 
-    from kvstore_tiers.tools.harness import build_harness
+    from kvstore_tiers.admin.harness import build_harness
 
     rounds = even_rounds(rounds)
     run_id = uuid.uuid4().hex[:10]

@@ -9,7 +9,7 @@ shared config/profile, instance role), and writes only under
 same run and against the same server:
 
 1. **Bandwidth.** The tier driven through vLLM's real
-   TieringOffloadingManager (:mod:`kvstore_tiers.tools.harness`): one store job of
+   TieringOffloadingManager (:mod:`kvstore_tiers.admin.harness`): one store job of
    ``--blocks`` chunks (cascade primary -> S3), then, after the primary
    forgot them, one request that looks them up and loads them back. Against
    it, a raw aiobotocore loop (PutObject / GetObject of objects of the same
@@ -164,7 +164,7 @@ def _tier_round(cfg: dict[str, Any], blocks: int, block_bytes: int, seed: int
     """
     from vllm.v1.kv_offload.base import LookupResult
 
-    from kvstore_tiers.tools.harness import build_harness, make_keys
+    from kvstore_tiers.admin.harness import build_harness, make_keys
 
     h = build_harness([cfg], num_chunks=blocks, chunk_bytes=block_bytes)
     try:
@@ -219,7 +219,7 @@ def _tier_round(cfg: dict[str, Any], blocks: int, block_bytes: int, seed: int
 
 
 def _bytes_per_block(cfg: dict[str, Any], samples_dir: Path) -> dict[str, Any]:
-    from kvstore_tiers.tools.harness import build_harness, make_keys
+    from kvstore_tiers.admin.harness import build_harness, make_keys
 
     out: dict[str, Any] = {}
     for entry, blocks in samples.load(samples_dir):
@@ -244,7 +244,7 @@ def _bytes_per_block(cfg: dict[str, Any], samples_dir: Path) -> dict[str, Any]:
 def _lookup_cost(cfg: dict[str, Any], n: int) -> dict[str, float]:
     from vllm.v1.kv_offload.base import LookupResult
 
-    from kvstore_tiers.tools.harness import build_harness, make_keys
+    from kvstore_tiers.admin.harness import build_harness, make_keys
 
     row = 4096
     writer = build_harness([cfg], num_chunks=n, chunk_bytes=row)

@@ -2,7 +2,7 @@
 
 Run by ``kvstore-tiers bench --trace PATH``. For every (tier, policy,
 capacity) it builds vLLM's real ``TieringOffloadingManager`` with one real
-secondary tier (:mod:`kvstore_tiers.tools.harness`, as an engine builds it)
+secondary tier (:mod:`kvstore_tiers.admin.harness`, as an engine builds it)
 and drives it as vLLM's scheduler does, one request after another, as fast
 as the tier allows (the trace's timestamps are not replayed):
 
@@ -139,7 +139,7 @@ class ReplayStats:
 
 
 class Replayer:
-    """Drives one :class:`~kvstore_tiers.tools.harness.Harness` through a trace."""
+    """Drives one :class:`~kvstore_tiers.admin.harness.Harness` through a trace."""
 
     def __init__(self, harness: Any, rows: np.ndarray, step_sleep_s: float = 0.0005) -> None:
         from vllm.v1.kv_offload.base import LookupResult
@@ -254,7 +254,7 @@ def replay(requests: Sequence[TraceRequest], tier_cfg: dict[str, Any], chunk_byt
     returns the replay's counts and the tier's counters (``evicted_objects``:
     the backend's own eviction count; ``inspect(tier)`` adds more) after every
     cascade finished."""
-    from kvstore_tiers.tools.harness import build_harness
+    from kvstore_tiers.admin.harness import build_harness
 
     h = build_harness([tier_cfg], num_chunks=primary_blocks, chunk_bytes=chunk_bytes,
                       enable_events=False)
@@ -268,7 +268,8 @@ def replay(requests: Sequence[TraceRequest], tier_cfg: dict[str, Any], chunk_byt
         rp.stats.seconds = time.perf_counter() - t0
         tier = h.tiers[0]
         counters = dataclasses.asdict(tier.counters)
-        counters["evicted_objects"] = int(getattr(tier.backend, "evicted_objects", 0))
+        evictions = tier.backend.evictions
+        counters["evicted_objects"] = evictions.objects if evictions is not None else 0
         if inspect is not None:
             counters.update(inspect(tier))
         return rp.stats, counters

@@ -34,6 +34,7 @@ from typing import Any
 from pydantic import Field
 
 from kvstore_tiers.backends.base import Backend, Buffer, ObjectInfo
+from kvstore_tiers.backends.eviction_log import EvictionLog
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.errors import ObjectMissing, TransientError
 
@@ -72,6 +73,8 @@ class MemoryBackend(Backend):
         self._objects: OrderedDict[str, tuple[bytes, float]] = OrderedDict()
         self._bytes = 0
         self._too_big_logged = False
+        #: An LRU evicts: the evicted keys leave the tier's presence index.
+        self.evictions: EvictionLog = EvictionLog()
 
     # -- lifecycle -------------------------------------------------------------
     def close(self) -> None:
@@ -120,7 +123,7 @@ class MemoryBackend(Backend):
             self._objects[name] = (frame, now)
             self._bytes += size
         if evicted:  # counted, and the keys leave the tier's presence index
-            self.note_evicted_names(evicted)
+            self.evictions.note_names(evicted)
         return True
 
     def get(self, name: str) -> bytes:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 from pathlib import Path
 
-from kvstore_tiers.tools.harness import make_keys
+from kvstore_tiers.admin.harness import make_keys
 
 from ...conftest import rows_like
 
@@ -45,7 +45,7 @@ def test_cap_holds_and_least_recently_used_go_first(harness_factory, tmp_path) -
         capacity.evict_now(wait=True)  # what the evictor thread does when woken
     assert _disk_bytes(tmp_path) <= objects_cap + 16 * 4096
     assert capacity.evicted_objects >= 90 - 41
-    assert tier.backend.evicted_for_capacity == tier.backend.evicted_objects > 0
+    assert tier.backend.evictions.for_capacity == tier.backend.evictions.objects > 0
     ns = tier.namespace
     present = [(tmp_path / ns.object_name(k)).exists() for k in all_keys]
     assert not any(present[:10]) and all(present[-10:])  # oldest gone, newest kept
@@ -72,11 +72,11 @@ def test_evicted_objects_leave_the_presence_index(harness_factory, tmp_path) -> 
     evicted = [k for k in all_keys if not (tmp_path / ns.object_name(k)).exists()]
     kept = [k for k in all_keys if k not in evicted]
     assert len(evicted) >= 25 and kept
-    assert tier.backend.evicted_objects == len(evicted)
+    assert tier.backend.evictions.objects == len(evicted)
     ctx = h.new_request()
     with h.locked():
         list(tier.get_finished_jobs())  # the poll that hands the evicted keys over
-        assert not tier.backend.evicted_keys
+        assert not tier.backend.evictions.keys
         # kv events, in order: a consumer's view ends as what is on disk (a block
         # evicted while its store was in flight is in neither event).
         view: dict[bytes, bool] = {}
@@ -93,7 +93,7 @@ def test_evicted_objects_leave_the_presence_index(harness_factory, tmp_path) -> 
 
 
 def _writer(root: str, seed: int, cap: int, n_batches: int) -> None:
-    from kvstore_tiers.tools.harness import build_harness
+    from kvstore_tiers.admin.harness import build_harness
 
     h = build_harness([{"type": "fs", "root_dir": root, "max_bytes": cap}],
                       num_chunks=16, chunk_bytes=ROW)

@@ -425,8 +425,8 @@ def test_a_full_disk_is_no_space_left_not_an_io_error(io, tmp_path: Path) -> Non
 
 
 def test_the_fs_tier_reports_a_full_disk_as_no_space_left(tmp_path: Path) -> None:
-    from kvstore_tiers.backends.base import StoreItem
     from kvstore_tiers.backends.fs import FileSystemBackend, FsConfig
+    from kvstore_tiers.batching import StoreItem
     from kvstore_tiers.codecs import CodecId
     from kvstore_tiers.errors import TransientError
     from kvstore_tiers.frame import FrameCodec

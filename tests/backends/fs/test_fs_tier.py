@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from vllm.v1.kv_offload.base import LookupResult
 
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.backends.fs import fileio
 from kvstore_tiers.errors import ConfigError
-from kvstore_tiers.tools.harness import make_keys
 
 from ...conftest import rows_like
 
@@ -239,7 +239,7 @@ def test_existing_objects_are_not_rewritten(harness_factory, tmp_path, io_path) 
 
 def _foreign_object(tmp_path: Path, key: bytes) -> bytes:
     """The frame another model's namespace stores for the same block key."""
-    from kvstore_tiers.tools.harness import build_harness
+    from kvstore_tiers.admin.harness import build_harness
 
     other = tmp_path / "other"
     h = build_harness([{"type": "fs", "root_dir": str(other)}], chunk_bytes=ROW, model="org/other")
@@ -532,7 +532,7 @@ def test_a_job_whose_completion_breaks_is_still_reported_failed(
     harness_factory, tmp_path, monkeypatch
 ) -> None:
     """A bug while applying a finished job must not leave vLLM waiting on it forever."""
-    from kvstore_tiers import transfers
+    from kvstore_tiers import outcome
 
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)
     keys, rows = make_keys(3, seed=23), rows_like(3, ROW)
@@ -542,7 +542,7 @@ def test_a_job_whose_completion_breaks_is_still_reported_failed(
     def broken(job):  # injected fault: condensing the outcomes raises
         raise RuntimeError("injected")
 
-    monkeypatch.setattr(transfers.Summary, "of", staticmethod(broken))
+    monkeypatch.setattr(outcome.Summary, "of", staticmethod(broken))
     ctx = h.new_request()
     assert h.lookup_until_resolved(keys, ctx)[0] == [MISS] * 3  # failed, not stuck in RETRY
     with h.locked():
@@ -555,7 +555,7 @@ def test_a_job_whose_completion_breaks_is_still_reported_failed(
 
 
 def test_unusable_root_dir_fails_startup_naming_it(tmp_path) -> None:
-    from kvstore_tiers.tools.harness import build_harness
+    from kvstore_tiers.admin.harness import build_harness
 
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
@@ -564,7 +564,7 @@ def test_unusable_root_dir_fails_startup_naming_it(tmp_path) -> None:
 
 
 def test_bad_key_fails_startup_naming_it(tmp_path) -> None:
-    from kvstore_tiers.tools.harness import build_harness
+    from kvstore_tiers.admin.harness import build_harness
 
     with pytest.raises(ConfigError, match="'max_byts'"):
         build_harness([{"type": "fs", "root_dir": str(tmp_path), "max_byts": 1}])
@@ -593,7 +593,7 @@ def test_reset_cache_drains_and_reports_every_job(harness_factory, tmp_path) -> 
 
 @pytest.mark.parametrize("corrupt_load", [False, True])
 def test_shutdown_releases_the_primary_and_stops_threads(tmp_path, corrupt_load) -> None:
-    from kvstore_tiers.tools.harness import build_harness
+    from kvstore_tiers.admin.harness import build_harness
 
     before = {t.ident for t in threading.enumerate()}
     h = build_harness([{"type": "fs", "root_dir": str(tmp_path)}], chunk_bytes=ROW)

@@ -19,8 +19,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from vllm.v1.kv_offload.base import LookupResult
 
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.backends.redis import fastio
-from kvstore_tiers.tools.harness import make_keys
 
 from ...conftest import rows_like
 from ...servers import RedisServer

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from vllm.v1.kv_offload.base import LookupResult
 
-from kvstore_tiers.tools.harness import make_keys
+from kvstore_tiers.admin.harness import make_keys
 
 from ...conftest import rows_like as random_rows
 

@@ -18,9 +18,9 @@ import pytest
 import redis
 from vllm.v1.kv_offload.base import LookupResult
 
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.backends.redis.evictions import missing_flags
 from kvstore_tiers.errors import ConfigError
-from kvstore_tiers.tools.harness import make_keys
 
 from ...conftest import rows_like
 from ...servers import RedisCluster, RedisServer
@@ -84,9 +84,9 @@ def test_evicted_blocks_stop_being_hits(redis_server_factory, harness_factory, m
         assert evicted > 40, "the run must make Redis evict"
         if mode != "off":
             assert "e" in admin.config_get("notify-keyspace-events")["notify-keyspace-events"]
-            wait_for(lambda: tier.backend.evicted_objects == evicted,
+            wait_for(lambda: tier.backend.evictions.objects == evicted,
                      "the listener heard every eviction")
-            assert tier.backend.evicted_for_capacity == evicted
+            assert tier.backend.evictions.for_capacity == evicted
         held = {k for k in keys if admin.exists(tier.backend.key(tier.namespace.object_name(k)))}
         h.step()  # the poll that hands the heard evictions to the presence index
         # kv events, in order: with the evictions heard, a consumer's view ends as
@@ -104,11 +104,11 @@ def test_evicted_blocks_stop_being_hits(redis_server_factory, harness_factory, m
         index = {k: i for i, k in enumerate(keys)}
         assert np.array_equal(got, rows[[index[k] for k in hits]])
         if mode == "off":
-            assert tier.backend.evicted_objects == 0
+            assert tier.backend.evictions.objects == 0
             assert tier.counters.load_misses > 0  # stale hits: failed promotions
         else:
             assert tier.counters.load_misses == 0
-            assert not tier.backend.evicted_keys  # all taken by the presence index
+            assert not tier.backend.evictions.keys  # all taken by the presence index
 
         # Once forgotten, an evicted block is stored again by the next store.
         if mode != "off":
@@ -139,8 +139,8 @@ def test_on_with_ttl_enables_expiry_events_too(redis_server_factory, harness_fac
     assert missing_flags(flags, "KgEex") == ""  # the server's own flags are kept
     keys = make_keys(3, seed=9)
     h.store_all(keys, rows_like(3, 4096, seed=9))
-    wait_for(lambda: tier.backend.evicted_objects == 3, "expiry events heard", timeout_s=15)
-    assert tier.backend.evicted_for_capacity == 0  # expired: the tier is not full
+    wait_for(lambda: tier.backend.evictions.objects == 3, "expiry events heard", timeout_s=15)
+    assert tier.backend.evictions.for_capacity == 0  # expired: the tier is not full
     h.step()
     assert not any(k in tier._presence for k in keys)
 
@@ -171,13 +171,13 @@ def test_only_this_namespace_is_taken_and_a_lost_connection_resubscribes(
                         b"kvstore:" + backend.namespace.name.encode() + b"/not-a-block"):
             admin.publish(channel, foreign)
         admin.publish(channel, ours)
-        wait_for(lambda: len(backend.evicted_keys) == 1, "our key heard")
-        assert list(backend.evicted_keys) == [key] and backend.evicted_objects == 1
+        wait_for(lambda: len(backend.evictions.keys) == 1, "our key heard")
+        assert list(backend.evictions.keys) == [key] and backend.evictions.objects == 1
 
         admin.client_kill_filter(_type="pubsub")
         wait_for(lambda: admin.pubsub_numsub(channel)[0][1] == 1, "listener resubscribed")
         admin.publish(channel, ours)
-        wait_for(lambda: backend.evicted_objects == 2, "heard after reconnecting")
+        wait_for(lambda: backend.evictions.objects == 2, "heard after reconnecting")
 
     h.shutdown()  # the listener stops with the tier
     assert all(not t.is_alive() for t in backend_threads(backend))
@@ -205,7 +205,7 @@ def test_cluster_follows_every_primary(redis_cluster: RedisCluster, harness_fact
         store_in_waves(h, keys, rows)
         per_node = [int(c.info("stats")["evicted_keys"]) for c in clients]
         assert all(n > 0 for n in per_node), per_node
-        wait_for(lambda: tier.backend.evicted_objects == sum(per_node),
+        wait_for(lambda: tier.backend.evictions.objects == sum(per_node),
                  "the listener heard every node's evictions")
     finally:
         for c in clients:
@@ -259,8 +259,8 @@ def test_blocks_another_process_deleted_leave_the_index_where_the_server_says(
         # reaches the listener after any event they caused (one connection, in order).
         marker = make_keys(1, seed=99)[0]
         admin.publish("__keyevent@0__:evicted", name(marker))
-        wait_for(lambda: tier.backend.evicted_objects == 1, "the marker heard")
-    heard = list(tier.backend.evicted_keys)
+        wait_for(lambda: tier.backend.evictions.objects == 1, "the marker heard")
+    heard = list(tier.backend.evictions.keys)
     h.step()
     if server_flags == "Eeg":
         assert sorted(heard) == sorted([*gone, marker])
@@ -275,4 +275,4 @@ def test_blocks_another_process_deleted_leave_the_index_where_the_server_says(
     else:
         assert heard == [marker]
         assert all(k in tier._presence for k in keys)  # stale: their loads will miss
-    assert tier.backend.evicted_objects == 1  # the marker: the deletions are not evictions
+    assert tier.backend.evictions.objects == 1  # the marker: the deletions are not evictions

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from vllm.v1.kv_offload.base import LookupResult
 
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.errors import ConfigError
-from kvstore_tiers.tools.harness import make_keys
 
 from ...conftest import rows_like as random_rows
 from ...pki import make_pki

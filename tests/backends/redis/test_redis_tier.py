@@ -17,9 +17,9 @@ import redis
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.admin import gc_store
+from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.frame import parse_header
-from kvstore_tiers.tools.harness import make_keys
 
 from ...conftest import rows_like as random_rows
 from ...servers import RedisServer

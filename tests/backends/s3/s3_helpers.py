@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 from vllm.v1.kv_offload.base import LookupResult
 
+from kvstore_tiers.admin.harness import Harness, build_harness, make_keys
 from kvstore_tiers.tools import samples
-from kvstore_tiers.tools.harness import Harness, build_harness, make_keys
 from tests.conftest import KV_SAMPLES_DIR
 
 from ...conftest import rows_like as random_rows

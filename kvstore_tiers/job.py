@@ -1,16 +1,17 @@
-"""Transfers: the jobs the I/O pool runs for a tier, and what they report back.
+"""A transfer in flight: the job the I/O pool runs for a tier, and its one load loop.
 
 A :class:`Job` is one vLLM store or load job in flight. The pool runs its
 slots on I/O threads (:meth:`Job.run`); the thread that accounts its last
-slot condenses the per-slot outcomes into a :class:`Summary` with vLLM's
-``JobResult`` (and kv event) ready (:meth:`Job.finish`). The scheduler side
-(:mod:`kvstore_tiers.tier`) only applies summaries. A job never holds its
+slot condenses the per-slot outcomes into a
+:class:`~kvstore_tiers.outcome.Summary` with vLLM's ``JobResult`` (and kv
+event) ready (:meth:`Job.finish`). The scheduler side
+(:mod:`kvstore_tiers.ledger`) only applies summaries. A job never holds its
 tier: everything it needs -- the backend, the rows of vLLM's primary view,
 the namespace's object naming, the tier's label and whether it emits events
 -- comes in one :class:`TransferContext`, immutable and shared by all the
 tier's jobs; the per-thread :class:`~kvstore_tiers.frame.FrameCodec` comes
-from the pool. :class:`ExistenceCheck`, the other work done off the
-scheduler thread (vLLM's lookup worker), gets the same context.
+from the pool. :class:`~kvstore_tiers.existence.ExistenceCheck`, the other work
+done off the scheduler thread (vLLM's lookup worker), gets the same context.
 
 Load deadlines (``load_timeout_s``): a load job that has not finished by its
 deadline is reported failed from the next ``get_finished_jobs()`` -- on the
@@ -23,7 +24,7 @@ protected by a bounce-buffer protocol:
 * a verified row is then copied into its primary row while holding the
   job's ``lock``, and only if the job is not ``expired``; the slot is marked
   ``landed`` inside the same critical section;
-* expiring a job (:func:`expire`) takes the same lock, sets ``expired`` and
+* expiring a job (:func:`kvstore_tiers.outcome.expire`) takes the same lock, sets ``expired`` and
   reports exactly the ``landed`` slots as ``successful_keys`` (vLLM keeps
   those rows and frees the rest at once).
 
@@ -48,23 +49,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm.v1.kv_offload.base import Locality, Medium, OffloadingEvent, OffloadKey, ReqContext
-from vllm.v1.kv_offload.tiering.async_lookup import AsyncLookupManager
-from vllm.v1.kv_offload.tiering.base import JobResult
+from vllm.v1.kv_offload.base import Locality, Medium
 
-from kvstore_tiers.backends.base import Backend, LoadItem, StoreItem, classify
-from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing, TransientError, detached
+from kvstore_tiers.backends.base import Backend
+from kvstore_tiers.batching import LoadItem, StoreItem, load_many, store_many
+from kvstore_tiers.errors import Cancelled, ObjectCorrupt, classify, detached
 from kvstore_tiers.frame import FrameCodec
+from kvstore_tiers.outcome import Summary, summarise
 from kvstore_tiers.pool import PoolJob
 from kvstore_tiers.ratelimit import RateLimitedLogger
-
-
-class Cancelled(TransientError):
-    """A slot cancelled before it started (drain, ``reset_cache``, shutdown).
-
-    Reported failed to vLLM like any failed slot, but it says nothing of the
-    backend's health: it never feeds the circuit breaker.
-    """
 
 
 class PrimaryRows:
@@ -92,6 +85,7 @@ class PrimaryRows:
             self._flat = None
 
 
+
 @dataclass(frozen=True, slots=True)
 class TransferContext:
     """What every job of one tier needs, built once by the tier and shared."""
@@ -115,10 +109,6 @@ class TransferContext:
     bounce: threading.local = field(default_factory=threading.local)
 
 
-#: A store slot's outcome when the admission policy chose not to write its block.
-NOT_ADMITTED = object()
-
-
 class Job(PoolJob):
     """A vLLM job in flight: the keys the pool moves and their outcomes.
 
@@ -129,12 +119,12 @@ class Job(PoolJob):
     the thread that finishes the job condenses them into ``summary``, so the
     scheduler thread applies a finished job with a few bulk operations.
 
-    Store admission (``ctx.admit``) is decided here, off the scheduler
-    thread: :meth:`start`, which the pool calls exactly once before any slot
-    runs, asks the policy and marks the slots it does not admit
-    :data:`NOT_ADMITTED` (``skips`` counts them); no thread writes them, and
-    the summary hands their keys back as ``skipped``, neither stored nor
-    failed. Their rows stay pinned until the job is reported, as any
+    Store admission (``ctx.admit``) is decided before the job moves a
+    block, off the scheduler thread: :meth:`start`, which the pool calls
+    exactly once before any slot runs, asks the policy and narrows the job
+    to the keys it admits (:meth:`PoolJob.narrow`); the others go to
+    ``declined``, neither stored nor failed, and leave the presence index
+    when the job is reported. Their rows stay pinned until then, as any
     store's. A job started only to be cancelled asks nothing.
 
     Built on vLLM's scheduler thread, so it allocates as little as it can
@@ -147,8 +137,8 @@ class Job(PoolJob):
     any I/O thread took it.
     """
 
-    __slots__ = ("cids", "ctx", "deadline", "done", "expired", "is_load", "keys", "landed",
-                 "lock", "outcomes", "reported", "req_id", "skips", "stored_bytes",
+    __slots__ = ("cids", "ctx", "deadline", "declined", "done", "expired", "is_load", "keys",
+                 "landed", "lock", "outcomes", "reported", "req_id", "stored_bytes",
                  "submit_time", "summary")
 
     def __init__(
@@ -175,22 +165,22 @@ class Job(PoolJob):
         self.summary: Summary | None = None
         #: Stores: this job is the presence index's receipt for its keys.
         self.done = False
-        #: Stores: slots the admission policy did not admit (set by start()).
-        self.skips = 0
+        #: Stores: the keys the admission policy did not admit (set by start()).
+        self.declined: list[bytes] | tuple[()] = ()
 
     def start(self, runs: bool) -> None:
-        """Make the per-slot lists; for a store job that will run, ask the
-        admission policy which blocks to write and mark the others
-        :data:`NOT_ADMITTED` (a job started only to be cancelled, at drain
-        or shutdown, asks nothing: every block of it is cancelled)."""
+        """For a store job that will run, ask the admission policy which blocks
+        to write and narrow the job to them (a job started only to be
+        cancelled, at drain or shutdown, asks nothing: every block of it is
+        cancelled); then make the per-slot lists."""
+        if runs and not self.is_load and self.ctx.admit is not None:
+            self._admit()
         n = self.n_slots
         self.stored_bytes = [0] * n
         self.outcomes = [None] * n
-        if runs and not self.is_load and self.ctx.admit is not None:
-            self._admit()
 
     def _admit(self) -> None:
-        """Ask the admission policy, once; mark the slots it does not admit.
+        """Ask the admission policy, once; keep only the keys it admits.
 
         Under the pool's lock (see :meth:`PoolJob.start`), so the policy is
         called by one thread at a time. Best effort: a policy that fails, or
@@ -198,21 +188,35 @@ class Job(PoolJob):
         rate-limited), never takes the I/O thread down.
         """
         keys = self.keys if type(self.keys) is list else list(self.keys)
+        n = len(keys)
         try:
             admitted = self.ctx.admit(keys)  # type: ignore[misc]
             if admitted is None:
                 return
-            outcomes = [NOT_ADMITTED] * self.n_slots
+            chosen = [False] * n
             for i in admitted:
-                outcomes[i] = None
+                if not 0 <= i < n:
+                    raise IndexError(f"admitted index {i} of a job of {n} blocks")
+                chosen[i] = True
         except Exception as exc:
             self.ctx.warn.warning("admission", "kvstore tier %s: store admission failed; "
                                   "writing the job's blocks: %r", self.ctx.label, exc)
             return
-        self.outcomes = outcomes
-        self.skips = outcomes.count(NOT_ADMITTED)
+        if all(chosen):
+            return
+        self.declined = [k for k, c in zip(keys, chosen, strict=True) if not c]
+        self.keys = [k for k, c in zip(keys, chosen, strict=True) if c]
+        self.cids = [r for r, c in zip(self.cids, chosen, strict=True) if c]
+        self.narrow(len(self.keys))
+
+    @property
+    def offered(self) -> int:
+        """Stores: the blocks vLLM offered (admitted or not)."""
+        return self.n_slots + len(self.declined)
 
     def run(self, codec: FrameCodec, start: int, stop: int) -> None:
+        if start == stop:  # a store job the policy admitted none of
+            return
         run_slots(self, codec, start, stop)
         if start == 0 and self.is_load and self.ctx.load_sightings is not None:
             # After the batch's reads, which the request waits for. Best
@@ -227,8 +231,7 @@ class Job(PoolJob):
         err = Cancelled("cancelled before it started (drain or shutdown)")
         outcomes = self.outcomes
         for s in range(start, stop):
-            if outcomes[s] is not NOT_ADMITTED:
-                outcomes[s] = err
+            outcomes[s] = err
 
     def finish(self) -> None:
         self.summary = summarise(self)
@@ -245,63 +248,6 @@ class Job(PoolJob):
         receipt; only ``done`` matters then.
         """
         self.keys, self.summary = (), None
-
-
-@dataclass(slots=True)
-class Summary:
-    """A finished job's outcomes, condensed off the scheduler thread."""
-
-    ok: list[bytes]  # stored (written or already there) / loaded
-    bad: list[bytes]  # failed (cancelled ones included)
-    #: Stores: not admitted (neither stored nor failed); empty: every block was offered.
-    skipped: list[bytes] | tuple[()] = ()
-    written: int = 0  # stores that wrote an object
-    existed: int = 0  # stores that found the object already there
-    frame_bytes: int = 0  # frame bytes written (new objects) or read (loaded)
-    missing: int = 0  # loads: object gone
-    corrupt: int = 0  # loads: object rejected (and removed)
-    transient: int = 0  # I/O or service errors (they feed the circuit breaker)
-    cancelled: int = 0  # cancelled before they started (never feed the breaker)
-    first_error: BaseException | None = None
-    first_corrupt: BaseException | None = None
-    #: vLLM's records, built on the finishing I/O thread (see :func:`summarise`).
-    result: JobResult | None = None
-    event: OffloadingEvent | None = None
-
-    @classmethod
-    def of(cls, job: Job) -> Summary:
-        n = len(job.keys)
-        # The common case in C (this runs holding the GIL the scheduler wants).
-        # ``ok`` is the job's own key list (never mutated): no copy.
-        if job.is_load and job.outcomes.count(None) == n:
-            return cls(job.keys, [], frame_bytes=sum(job.stored_bytes))
-        if not job.is_load and job.outcomes.count(True) == n:
-            return cls(job.keys, [], written=n, frame_bytes=sum(job.stored_bytes))
-        s = cls([], [], [] if job.skips else ())
-        for key, res, nbytes in zip(job.keys, job.outcomes, job.stored_bytes, strict=True):
-            if res is NOT_ADMITTED:
-                s.skipped.append(key)  # type: ignore[union-attr]
-                continue
-            if not isinstance(res, BaseException):
-                s.ok.append(key)
-                if res is False and not job.is_load:
-                    s.existed += 1
-                else:
-                    s.written += not job.is_load
-                    s.frame_bytes += nbytes
-                continue
-            s.bad.append(key)
-            if isinstance(res, Cancelled):
-                s.cancelled += 1
-            elif isinstance(res, ObjectMissing):
-                s.missing += 1
-            elif isinstance(res, ObjectCorrupt):
-                s.corrupt += 1
-                s.first_corrupt = s.first_corrupt or res
-            else:
-                s.transient += isinstance(res, TransientError) or job.is_load
-                s.first_error = s.first_error or res
-        return s
 
 
 class TouchJob(PoolJob):
@@ -322,61 +268,76 @@ class TouchJob(PoolJob):
         return
 
 
-class ExistenceCheck(AsyncLookupManager):
-    """vLLM's AsyncLookupManager over ``Backend.exists_many`` (its worker thread)."""
-
-    def __init__(self, ctx: TransferContext) -> None:
-        super().__init__(tier_type=ctx.label)
-        self._ctx = ctx
-
-    def batch_lookup(self, keys: list[OffloadKey], req_context: ReqContext) -> list[bool]:
-        names = [self._ctx.object_name(k) for k in keys]
-        # A list, never a generator: vLLM 0.32 iterates it outside its try.
-        return [bool(x) for x in self._ctx.backend.exists_many(names)]
-
-
 # -- on an I/O thread ------------------------------------------------------------------
 def run_slots(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
     """Move slots ``[start, stop)`` of ``job`` through its backend; record outcomes."""
-    ctx = job.ctx
     try:
-        if job.is_load and job.deadline is not None:
-            _run_deadlined_load(job, codec, start, stop)
-            return
-        name_of, rows = ctx.object_name, ctx.rows
         if job.is_load:
-            keys = job.keys[start:stop]
-            views = [rows[c] for c in job.cids[start:stop]]
-            items = [LoadItem(name_of(k), k, r) for k, r in zip(keys, views, strict=True)]
-            results = ctx.backend.load_many(items, codec)
-            for s, item, res in zip(range(start, stop), items, results, strict=True):
-                if isinstance(res, BaseException):
-                    job.outcomes[s] = detached(res)
-                    if isinstance(res, ObjectCorrupt):
-                        _remove_corrupt(ctx, item.name)
-                else:
-                    job.stored_bytes[s] = res
+            _load(job, codec, start, stop)
         else:
-            keys, cids, outcomes = job.keys, job.cids, job.outcomes
-            slots: Sequence[int] = range(start, stop)
-            if job.skips:
-                slots = [s for s in slots if outcomes[s] is not NOT_ADMITTED]
-                if not slots:
-                    return
-            sitems = [StoreItem(name_of(keys[s]), keys[s], rows[cids[s]]) for s in slots]
-            results = ctx.backend.store_many(sitems, codec)
-            for s, res in zip(slots, results, strict=True):
-                if isinstance(res, BaseException):
-                    outcomes[s] = detached(res)
-                else:
-                    outcomes[s] = res > 0  # frame bytes written; 0: it existed
-                    job.stored_bytes[s] = res
+            _store(job, codec, start, stop)
     except Exception as exc:
         # The batch call itself failed: no slot of it can be trusted.
         err = detached(classify(exc))
         for s in range(start, stop):
-            if job.outcomes[s] is not NOT_ADMITTED:
-                job.outcomes[s] = err
+            job.outcomes[s] = err
+
+
+def _store(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
+    ctx = job.ctx
+    name_of, rows = ctx.object_name, ctx.rows
+    keys, cids, outcomes = job.keys, job.cids, job.outcomes
+    slots = range(start, stop)
+    items = [StoreItem(name_of(keys[s]), keys[s], rows[cids[s]]) for s in slots]
+    for s, res in zip(slots, store_many(ctx.backend, items, codec), strict=True):
+        if isinstance(res, BaseException):
+            outcomes[s] = detached(res)
+        else:
+            outcomes[s] = res > 0  # frame bytes written; 0: it existed
+            job.stored_bytes[s] = res
+
+
+def _load(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
+    """The one load loop: straight into the primary rows, or, for a job with
+    a deadline, into this thread's bounce buffer and then into each row
+    under the job's lock unless it expired (module docstring)."""
+    ctx = job.ctx
+    name_of, rows = ctx.object_name, ctx.rows
+    keys = job.keys[start:stop]
+    deadlined = job.deadline is not None
+    if deadlined:
+        if job.expired or time.monotonic() > (job.deadline or 0.0):
+            raise TimeoutError("load deadline passed before the transfer started")
+        row = rows.row_bytes
+        # Views of the scratch are not released explicitly: a codec may still
+        # hold an export of them; the mmap lives as long as this thread.
+        scratch = memoryview(_bounce(ctx, stop - start))
+        dests = [scratch[i * row : (i + 1) * row] for i in range(stop - start)]
+    else:
+        dests = [rows[c] for c in job.cids[start:stop]]
+    items = [LoadItem(name_of(k), k, d) for k, d in zip(keys, dests, strict=True)]
+    results = load_many(ctx.backend, items, codec)
+    for s, item, res in zip(range(start, stop), items, results, strict=True):
+        if isinstance(res, BaseException):
+            job.outcomes[s] = detached(res)
+            if isinstance(res, ObjectCorrupt):
+                _remove_corrupt(ctx, item.name)
+            continue
+        job.stored_bytes[s] = res
+        if deadlined:
+            _land(job, s, item.dest)
+
+
+def _land(job: Job, slot: int, scratch: memoryview) -> None:
+    """Copy a verified row from the bounce buffer into its primary row, unless expired."""
+    assert job.lock is not None  # a deadlined job has one from the start
+    with job.lock:
+        if job.expired:
+            job.outcomes[slot] = TimeoutError("load finished after its deadline; discarded")
+            return
+        job.ctx.rows[job.cids[slot]][:] = scratch
+        job.landed[slot] = True
+        job.outcomes[slot] = None
 
 
 def _bounce(ctx: TransferContext, n_rows: int) -> mmap.mmap:
@@ -393,37 +354,6 @@ def _bounce(ctx: TransferContext, n_rows: int) -> mmap.mmap:
     return buf
 
 
-def _run_deadlined_load(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
-    """Load into a bounce buffer, then copy rows in unless expired (module docstring)."""
-    if job.expired or time.monotonic() > (job.deadline or 0.0):
-        raise TimeoutError("load deadline passed before the transfer started")
-    ctx = job.ctx
-    row = ctx.rows.row_bytes
-    # Views of the scratch are not released explicitly: a codec may still
-    # hold an export of them; the mmap lives as long as this thread.
-    scratch = memoryview(_bounce(ctx, stop - start))
-    name_of = ctx.object_name
-    items = [LoadItem(name_of(k), k, scratch[i * row : (i + 1) * row])
-             for i, k in enumerate(job.keys[start:stop])]
-    results = ctx.backend.load_many(items, codec)
-    late = TimeoutError("load finished after its deadline; discarded")
-    for s, item, res in zip(range(start, stop), items, results, strict=True):
-        if isinstance(res, BaseException):
-            job.outcomes[s] = detached(res)
-            if isinstance(res, ObjectCorrupt):
-                _remove_corrupt(ctx, item.name)
-            continue
-        job.stored_bytes[s] = res
-        assert job.lock is not None  # a deadlined job has one from the start
-        with job.lock:
-            if job.expired:
-                job.outcomes[s] = late
-                continue
-            ctx.rows[job.cids[s]][:] = item.dest
-            job.landed[s] = True
-            job.outcomes[s] = None
-
-
 def _remove_corrupt(ctx: TransferContext, name: str) -> None:
     """Delete a corrupt object so no later lookup finds it."""
     try:
@@ -433,51 +363,3 @@ def _remove_corrupt(ctx: TransferContext, name: str) -> None:
             "corrupt-delete", "kvstore tier %s: could not remove corrupt object %s: %s",
             ctx.label, name, exc,
         )
-
-
-def summarise(job: Job) -> Summary:
-    """Condense a finished job, with its JobResult and kv event ready.
-
-    Runs on the finishing I/O thread; reads only the job and its context.
-    """
-    ctx = job.ctx
-    s = Summary.of(job)
-    if not job.is_load:
-        # Only the blocks offered to the backend moved. None (all skipped):
-        # bytes and time 0, which vLLM's backpressure detector ignores
-        # rather than counting as a store that took no time.
-        offered = len(job.keys) - len(s.skipped)
-        s.result = JobResult(
-            job_id=job.job_id, success=not s.bad,
-            transfer_time=job.transfer_time if offered else 0.0,
-            transfer_bytes=offered * ctx.rows.row_bytes,
-        )
-        if ctx.emit_events and s.ok:
-            s.event = OffloadingEvent(
-                keys=s.ok, medium=ctx.medium, removed=False, locality=ctx.locality,
-            )
-    elif s.bad:
-        s.result = JobResult(
-            job_id=job.job_id, success=False, successful_keys=tuple(s.ok) or None,
-            transfer_time=job.transfer_time,
-        )
-    else:
-        s.result = JobResult(job_id=job.job_id, success=True, transfer_time=job.transfer_time)
-    return s
-
-
-# -- on the scheduler thread -------------------------------------------------------------
-def expire(job: Job) -> tuple[list[bytes], list[bytes]]:
-    """Mark a deadlined load ``expired``; its (landed, not landed) keys.
-
-    Holds the job's lock for at most one row copy. After it returns no I/O
-    thread writes this job's rows again (module docstring).
-    """
-    assert job.lock is not None  # only loads with a deadline expire
-    with job.lock:
-        job.expired = True
-        landed = list(job.landed)
-    job.reported = True
-    ok = [k for k, done in zip(job.keys, landed, strict=True) if done]
-    bad = [k for k, done in zip(job.keys, landed, strict=True) if not done]
-    return ok, bad
