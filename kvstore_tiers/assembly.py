@@ -143,3 +143,10 @@ def _evicted_for_capacity(backend: Backend) -> Callable[[], int] | None:
     (None where its store never evicts)."""
     log = backend.evictions
     return None if log is None else lambda: log.for_capacity
+
+
+def store_backlog_bound(configured: int | None, primary_bytes: int) -> float:
+    """The effective ``max_store_bytes_in_flight``: half the primary by default, 0 unbounded."""
+    if configured is None:
+        return primary_bytes / 2
+    return configured or float("inf")

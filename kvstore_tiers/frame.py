@@ -19,17 +19,15 @@ Layout (little-endian), ``HEADER_FIXED`` = 64 bytes followed by the key::
       *     *  padding          zeros up to header_len
             *  payload          stored_len bytes
 
-``header_len`` is chosen by the writer: the fs backend pads the header to a
-page (4096 bytes) so that with ``codec=none`` the payload can be read with
-O_DIRECT straight into a page-aligned primary row; remote backends pad to 8.
+``header_len`` is chosen by the writer: fs pads to a page (4096 bytes), so a
+raw payload reads with O_DIRECT straight into a page-aligned row; remote
+backends pad to 8.
 
 Encrypted frames (flag bit 0, still format version 1): the payload is
 ``nonce || AES-GCM(compressed payload) || tag`` with the namespace, key,
-codec and raw length as AAD, and ``checksum`` is 0 (the tag authenticates;
-a CRC of the plaintext would leak a fingerprint of it). Readers from before
-the flag existed reject such frames (checksum or length mismatch), and a
-reader configured with a key rejects unencrypted frames, so an attacker who
-can write the store cannot plant clear-text blocks. :func:`parse_header`
+codec and raw length as AAD, and ``checksum`` is 0 (the tag authenticates; a
+CRC of the plaintext would leak its fingerprint). A reader with a key rejects
+unencrypted frames: whoever can write the store cannot plant clear blocks. :func:`parse_header`
 reports an encrypted frame's ``codec`` as ``codec | CODEC_ENCRYPTED``, so
 backend fast paths that special-case ``CodecId.NONE`` (reading a raw payload
 straight into the row) never treat ciphertext as a row.
@@ -49,10 +47,9 @@ This module is the only one that reads or writes a frame. What the others call:
   (straight into the row when it is raw); :meth:`FrameReceiver.finish` then
   verifies or decodes. ``decode_into`` is ``receive`` + ``finish``, so every
   load runs the same checks;
-* :func:`verify_frame` -- the load's checks and decode for an operator's
-  ``verify``, which knows a name rather than a tier's namespace;
-* :func:`created_ms` -- the writer's clock from the fixed header alone
-  (listings that read only the first :data:`HEADER_FIXED` bytes).
+* :func:`verify_frame` -- the load's checks for an operator's ``verify``;
+* :func:`created_ms` -- the writer's clock from the first
+  :data:`LISTING_READ` bytes alone (listings).
 """
 
 from __future__ import annotations
@@ -75,10 +72,8 @@ VERSION = 1
 NAMESPACE_DIGEST_BYTES = 16
 _FIXED = struct.Struct("<4sHBBIHHQQQ16sQ")
 HEADER_FIXED = _FIXED.size  # 64
-#: Bytes of an object a remote reader takes first, before the header is
-#: parsed: the fixed part, the key and the padding of a frame whose header is
-#: aligned to at most 64 bytes, so the header is whole in them
-#: (:meth:`FrameCodec.receive`; the fs tier reads a page).
+#: Bytes a remote reader takes first (:meth:`FrameCodec.receive`): a whole
+#: header padded to at most 64 bytes is in them (the fs tier reads a page).
 FIRST_READ = 256
 #: Bytes of an object that :func:`created_ms` needs (a listing reads no more).
 LISTING_READ = HEADER_FIXED
@@ -94,10 +89,9 @@ def checksum(data: bytes | memoryview) -> int:
     """CRC-32C (Castagnoli) of ``data``: the frame's payload checksum.
 
     Why CRC-32C rather than xxh3: the ``crc32c`` package uses the CPU's CRC
-    instruction (~18 GB/s here) *and releases the GIL* while it runs, whereas
-    python-xxhash holds it. Checksums run on the I/O threads for every block,
-    so holding the GIL there would stall vLLM's scheduler thread (measured:
-    several ms at p99 with xxh3 on 2 MiB blocks).
+    instruction *and releases the GIL* while it runs, whereas python-xxhash
+    holds it; checksums run on the I/O threads for every block, and holding
+    the GIL there would stall vLLM's scheduler thread.
     """
     return crc32c.crc32c(data)
 
@@ -106,8 +100,7 @@ class FrameHeader(NamedTuple):
     """A parsed frame header.
 
     A NamedTuple rather than a frozen dataclass: one is parsed per block
-    loaded, on an I/O thread holding the GIL, and a frozen dataclass of these
-    nine fields takes ~1.6 us to build against ~0.3 us (timeit, build VM).
+    loaded, on an I/O thread holding the GIL, and it builds several times faster.
     """
 
     codec: int
@@ -381,13 +374,11 @@ def verify_frame(frame: bytes | bytearray | memoryview, key: bytes,
                  namespace_prefix: bytes = b"") -> FrameHeader:
     """Check one whole stored frame of ``key`` as a load does; returns its header.
 
-    For an operator's ``verify``, which knows an object's name (hence its key
-    and the first bytes of its namespace digest, ``namespace_prefix``) but not
-    the tier's namespace or encryption key. The payload goes through the same
-    :meth:`FrameCodec.decode_into` as a load into a scratch row; an encrypted
-    frame, which cannot be opened without its key, is checked up to the
-    payload (header, key, namespace, length). Any failure, a codec library's
-    error on garbage included, is :class:`ObjectCorrupt`.
+    For an operator's ``verify``, which knows an object's name (its key and
+    the first bytes of its namespace digest, ``namespace_prefix``) but not the
+    tier's namespace or key: the payload goes through :meth:`FrameCodec.decode_into`
+    into a scratch row; an encrypted frame is checked up to its payload. Any
+    failure, a codec library's error on garbage included, is ObjectCorrupt.
     """
     header = parse_header(frame)
     if header.key != key:

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Collection
 
 from vllm.v1.kv_offload.base import Locality, Medium, OffloadingEvent
@@ -43,6 +44,9 @@ from kvstore_tiers.ratelimit import RateLimitedLogger
 
 logger = logging.getLogger("kvstore_tiers.tier")
 _ABSENT = object()
+
+#: Evicted keys the presence index forgets per get_finished_jobs.
+FORGET_PER_POLL = 256
 
 
 class Ledger:
@@ -90,16 +94,21 @@ class Ledger:
         self._hold_verdicts(req_id, keys)
 
     # -- evicted by the backend or its server -------------------------------------------
-    def forget_evicted(self, keys: list[bytes], medium: Medium, locality: Locality) -> None:
-        """``keys`` left the tier (its capacity control, a server's eviction or expiry):
-        the presence index forgets them, and with kv events on, one ``removed`` event
-        names those it held (blocks this process stored or found), so that a consumer
-        of the events stops counting them as stored. A key whose store job is still in
-        flight gets no removal: its job's stored event, not yet sent, leaves it out
-        (sent after a removal, it would leave the consumer believing it stored)."""
+    def forget_evicted(self, evicted: deque[bytes], medium: Medium, locality: Locality
+                       ) -> None:
+        """Keys left the tier (its capacity control, a server's eviction or
+        expiry): the presence index forgets up to :data:`FORGET_PER_POLL` of
+        ``evicted`` (oldest first, taken from it), so a step never pays for a
+        whole evictor round (until a later poll takes the rest, a lookup of one
+        of them answers HIT and its load fails, is counted and recomputed).
+        With kv events on, one ``removed`` event names those it held (blocks
+        this process stored or found), so that a consumer of the events stops
+        counting them as stored. A key whose store job is still in flight gets
+        no removal: its job's stored event, not yet sent, leaves it out (sent
+        after a removal, it would leave the consumer believing it stored)."""
         presence, events = self.presence, self.events
         held: list[bytes] = []
-        for k in keys:
+        for k in [evicted.popleft() for _ in range(min(len(evicted), FORGET_PER_POLL))]:
             receipt = presence.pop(k, _ABSENT)
             if events is None or receipt is _ABSENT:
                 continue
@@ -283,6 +292,16 @@ class Ledger:
             "queued_chunks": float(queued_chunks),
             "store_bytes_in_flight": float(store_bytes_in_flight),
         }
+
+    def log_totals(self) -> None:
+        """One line of the tier's lifetime counters (at shutdown)."""
+        c = self.counters
+        logger.info(
+            "kvstore tier '%s' shut down: %d objects stored (%d skipped), %d loaded, "
+            "%d corrupt, %d store / %d load failures, %d dropped",
+            self.label, c.objects_stored, c.objects_skipped, c.objects_loaded,
+            c.corrupt_objects, c.store_failures, c.load_failures, c.stores_dropped,
+        )
 
     def write_stats_file(self, directory: str | None, backend: str, namespace: str,
                          suffix: str) -> None:

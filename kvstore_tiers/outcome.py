@@ -107,6 +107,15 @@ def summarise(job: Job) -> Summary:
 
 
 # -- on the scheduler thread -------------------------------------------------------------
+def nothing_stored(job_id: int) -> JobResult:
+    """The result of a store job that wrote nothing and failed nothing.
+
+    ``transfer_bytes=0``: vLLM's backpressure detector ignores such a result
+    rather than counting it as a store that took no time.
+    """
+    return JobResult(job_id=job_id, success=True, transfer_time=0.0, transfer_bytes=0)
+
+
 def expire(job: Job) -> tuple[list[bytes], list[bytes]]:
     """Mark a deadlined load ``expired``; its (landed, not landed) keys.
 

@@ -56,7 +56,7 @@ Scheduler-thread only; no lock.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol
 
 
@@ -110,6 +110,12 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
             if key in self:
                 return True
         return False
+
+    def absent(self, keys: Sequence[bytes], rows: Sequence[int]
+               ) -> tuple[list[bytes], list[int]]:
+        """The keys not in the index (neither stored nor in flight), with their rows."""
+        todo = [i for i, k in enumerate(keys) if k not in self]
+        return [keys[i] for i in todo], [rows[i] for i in todo]
 
     def discard(self, key: bytes) -> None:
         self.pop(key, None)

@@ -15,19 +15,17 @@ Threading contract (vLLM contract sections 4.0-4.16):
   and ``shutdown``) or raises: each body is wrapped so an unexpected error
   becomes a failed job or a MISS and is logged.
 * Scheduler-owned state (``_deadlined``, ``_ready``, the ledger's presence
-  index, verdicts, counters and breaker) is touched only on that thread. I/O threads touch only
-  the jobs they were handed and the rows those jobs own; completion comes
-  back through the pool's ``finished`` deque.
+  index, verdicts, counters and breaker) is touched only on that thread. I/O
+  threads touch only the jobs they were handed and the rows those jobs own;
+  completion comes back through the pool's ``finished`` deque.
 * vLLM calls ``lookup``, ``submit_*`` and ``get_finished_jobs`` for every
   block and step, so they allocate as little as they can: every container
   they make counts towards CPython's next cyclic-GC pass, which runs on
   whichever thread crosses the threshold (see :class:`~kvstore_tiers.pool.PoolJob`).
 
-Failed promotions (vllm#49328, #49176): a key whose load failed answers MISS
-for every request until it is stored again or every request that saw the
-verdict has finished (:mod:`kvstore_tiers.ledger`), whatever the presence
-index or the existence check say, so a doomed promotion is never retried in
-a loop. Corrupt objects are deleted; later requests re-probe.
+A key whose load failed answers MISS until its verdict ends
+(:mod:`kvstore_tiers.ledger`: vllm#49328, #49176), so a doomed promotion is
+never retried in a loop.
 """
 
 from __future__ import annotations
@@ -36,7 +34,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -61,6 +59,7 @@ from kvstore_tiers.health import BreakerState
 from kvstore_tiers.job import Job, PrimaryRows, TouchJob, TransferContext
 from kvstore_tiers.ledger import Ledger
 from kvstore_tiers.metrics import metric_definitions
+from kvstore_tiers.outcome import nothing_stored
 from kvstore_tiers.shm import sweep_stale_regions
 
 if TYPE_CHECKING:
@@ -72,25 +71,6 @@ logger = logging.getLogger(__name__)
 STATS_DIR_ENV = "KVSTORE_TIERS_STATS_DIR"
 
 _CLOSED = BreakerState.CLOSED
-
-#: Evicted keys the presence index forgets per get_finished_jobs (see _forget_evicted).
-FORGET_PER_POLL = 256
-
-
-def store_backlog_bound(configured: int | None, primary_bytes: int) -> float:
-    """The effective ``max_store_bytes_in_flight``: half the primary by default, 0 unbounded."""
-    if configured is None:
-        return primary_bytes / 2
-    return configured or float("inf")
-
-
-def _nothing_stored(job_id: int) -> JobResult:
-    """The result of a store job that wrote nothing and failed nothing.
-
-    ``transfer_bytes=0``: vLLM's backpressure detector ignores such a result
-    rather than counting it as a store that took no time.
-    """
-    return JobResult(job_id=job_id, success=True, transfer_time=0.0, transfer_bytes=0)
 
 
 class KVStoreTier(SecondaryTierManager):
@@ -158,25 +138,21 @@ class KVStoreTier(SecondaryTierManager):
         self._ready: deque[JobResult] = deque()  # refused at submit, reported next poll
         #: Backpressure: bytes of store jobs submitted and not yet reported (scheduler thread).
         self._store_bytes_in_flight = 0
-        self._max_store_bytes_in_flight = store_backlog_bound(
+        self._max_store_bytes_in_flight = assembly.store_backlog_bound(
             config.max_store_bytes_in_flight, self.rows.count * self._block_size_bytes)
+        policy = self._admission
         self._ctx = TransferContext(
             self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
             self.locality, ledger.events is not None, ledger.warn,
-            self._admission.seen if self._admission is not None else None,
-            self._admission.admit if self._admission is not None else None,
-        )
+            None if policy is None else policy.seen, None if policy is None else policy.admit)
         self._pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
                                          tuning.header_align, cipher)
         self._lookup = ExistenceCheck(self._ctx)
-        logger.info(
-            "kvstore tier '%s' ready: %s, namespace %s, codec %s, chunk %d bytes x %d rows, "
-            "%d+%d I/O threads, locality %s",
-            tier_type, self.backend.describe(), self.namespace.describe(),
-            self.codec_id.name.lower(), self._block_size_bytes, self.rows.count,
-            config.n_read_threads,
-            config.n_write_threads, self.locality.value,
-        )
+        logger.info("kvstore tier '%s' ready: %s, namespace %s, codec %s, chunk %d bytes x %d "
+                    "rows, %d+%d I/O threads, locality %s", tier_type, self.backend.describe(),
+                    self.namespace.describe(), self.codec_id.name.lower(), self._block_size_bytes,
+                    self.rows.count, config.n_read_threads, config.n_write_threads,
+                    self.locality.value)
 
     # ------------------------------------------------------------------ vLLM API
     @classmethod
@@ -228,7 +204,7 @@ class KVStoreTier(SecondaryTierManager):
         results: list[JobResult] = []
         try:
             if self._evicted_keys:
-                self._forget_evicted()
+                self._ledger.forget_evicted(self._evicted_keys, self.medium, self.locality)
             while self._ready:
                 results.append(self._ready.popleft())
             finished = self._pool.finished
@@ -321,15 +297,9 @@ class KVStoreTier(SecondaryTierManager):
             except Exception:
                 logger.exception("kvstore tier %s: error during shutdown", self.tier_type)
         self.rows.release()
-        c = self.counters
         self._ledger.write_stats_file(os.environ.get(STATS_DIR_ENV), self.backend.describe(),
                                       self.namespace.name, f"{os.getpid()}-{id(self):x}")
-        logger.info(
-            "kvstore tier '%s' shut down: %d objects stored (%d skipped), %d loaded, "
-            "%d corrupt, %d store / %d load failures, %d dropped",
-            self.tier_type, c.objects_stored, c.objects_skipped, c.objects_loaded,
-            c.corrupt_objects, c.store_failures, c.load_failures, c.stores_dropped,
-        )
+        self._ledger.log_totals()
 
     # ------------------------------------------------------------- inspection
     @property
@@ -378,12 +348,13 @@ class KVStoreTier(SecondaryTierManager):
             self._fail_now(tj.job_id, tj, is_load)
             return
         if not is_load and self._presence.holds_any(keys):
-            keys, cids = self._drop_present(keys, cids)
+            keys, cids = self._presence.absent(keys, cids)
+            self.metrics.counters.objects_skipped += len(tj.keys) - len(keys)
         # Store admission is not decided here: the I/O thread that starts the
         # job asks the policy (Job.start), and a load's blocks are counted as
         # sightings by the I/O thread that runs it (Job.run).
         if not keys:
-            self._ready.append(_nothing_stored(tj.job_id))
+            self._ready.append(nothing_stored(tj.job_id))
             return
         if not is_load:
             nbytes = len(keys) * self._block_size_bytes
@@ -393,7 +364,7 @@ class KVStoreTier(SecondaryTierManager):
                 # the primary, whose rows promotions need; drop it (vLLM keeps
                 # the blocks in the primary; a later lookup here misses).
                 self.metrics.counters.stores_dropped_backpressure += len(keys)
-                self._ready.append(_nothing_stored(tj.job_id))
+                self._ready.append(nothing_stored(tj.job_id))
                 return
         timeout = self.config.load_timeout_s
         # The job is queued once; I/O threads take it a batch at a time, so a
@@ -427,29 +398,3 @@ class KVStoreTier(SecondaryTierManager):
             self._fail_now(tj.job_id, tj, is_load)
         elif not is_load:
             self._store_bytes_in_flight += nbytes
-
-    def _forget_evicted(self) -> None:
-        """Scheduler thread: the presence index forgets keys the backend evicted.
-
-        At most :data:`FORGET_PER_POLL` per poll: an evictor round removes
-        thousands of objects at once, and a step should not pay for all of
-        them (the rest wait for the next polls; until then a lookup of one of
-        them answers HIT and its load fails, is counted and recomputed).
-        """
-        evicted = self._evicted_keys
-        n = min(len(evicted), FORGET_PER_POLL)
-        self._ledger.forget_evicted([evicted.popleft() for _ in range(n)], self.medium,
-                                    self.locality)
-
-    def _drop_present(self, keys: Sequence[bytes], cids: list[int]
-                      ) -> tuple[list[bytes], list[int]]:
-        """Scheduler thread: skip blocks already stored or in flight (both in the index).
-
-        Its own method, not inline in ``_submit``: a comprehension over
-        ``_submit``'s locals makes them cells, three objects ``_submit``
-        would allocate on every call.
-        """
-        presence = self._presence
-        todo = [i for i, k in enumerate(keys) if k not in presence]
-        self.metrics.counters.objects_skipped += len(keys) - len(todo)
-        return [keys[i] for i in todo], [cids[i] for i in todo]

@@ -151,7 +151,7 @@ def test_adaptive_writes_everything_below_capacity_and_gates_when_full(
 
 
 def test_adaptive_takes_the_write_cost_the_tier_is_given(harness_factory, tmp_path) -> None:
-    from kvstore_tiers.admission import WRITE_COST
+    from kvstore_tiers.config import WRITE_COST
 
     costs = []
     for i, extra in enumerate(({}, {"admission_write_cost": 0.3})):

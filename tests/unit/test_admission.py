@@ -6,12 +6,13 @@ import random
 
 import pytest
 
-from kvstore_tiers import admission
+from kvstore_tiers import admission, sketch
 from kvstore_tiers.admin.harness import make_keys
-from kvstore_tiers.admission import FrequencySketch, ReusePolicy
-from kvstore_tiers.config import TierConfig, validate_config
+from kvstore_tiers.admission import ReusePolicy
+from kvstore_tiers.config import WRITE_COST, TierConfig, validate_config
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.metrics import TierCounters
+from kvstore_tiers.sketch import FrequencySketch
 
 
 @pytest.fixture(params=["native", "python"])
@@ -27,7 +28,7 @@ def test_counts_each_sighting_up_to_the_cap(native) -> None:
     (key,) = make_keys(1)
     for n in range(1, 20):
         s.increment([key])
-        assert s.estimate(key) == min(n, admission.MAX_COUNT)
+        assert s.estimate(key) == min(n, sketch.MAX_COUNT)
 
 
 def test_never_underestimates_and_rarely_overestimates(native) -> None:
@@ -169,7 +170,7 @@ def test_admission_defaults_keep_writing_everything() -> None:
     config = TierConfig()
     assert config.admission == "always"
     assert config.admission_sketch_width == 1 << 18
-    assert config.admission_write_cost == admission.WRITE_COST == 0.08
+    assert config.admission_write_cost == WRITE_COST == 0.08
 
 
 # -- adaptive --------------------------------------------------------------------------
@@ -474,7 +475,7 @@ def test_sampling_and_estimate_twins_agree() -> None:
     keys = make_keys(500, seed=15) + _xxhash_keys(300, seed=16)
     tables = []
     for offer, increment in ((native_mod.offer, native_mod.increment),
-                             (admission._offer_py, admission._increment_py)):
+                             (sketch._offer_py, sketch._increment_py)):
         s = FrequencySketch(1 << 8)
         t, m = s.table, s.mask
         seen: list[bytes | int] = []
@@ -495,14 +496,14 @@ def test_sampling_and_estimate_twins_agree() -> None:
     t, m = FrequencySketch(1 << 8).table, (1 << 8) - 1
     native_mod.increment(t, keys, m)
     assert [native_mod.estimate(t, k, m) for k in keys] == [
-        admission._estimate_py(t, k, m) for k in keys]
+        sketch._estimate_py(t, k, m) for k in keys]
 
 
 def test_a_full_samples_list_takes_no_more() -> None:
     native_mod = pytest.importorskip("kvstore_tiers._sketch")
     keys = [k for k in make_keys(2000, seed=17) if k[-5] < 16]
     t, m = FrequencySketch(1 << 10).table, (1 << 10) - 1
-    full = [b"x"] * admission.SAMPLES_MAX
+    full = [b"x"] * sketch.SAMPLES_MAX
     native_mod.increment(t, keys, m, 16, full)
-    admission._increment_py(t, keys, m, 16, full)
-    assert len(full) == admission.SAMPLES_MAX
+    sketch._increment_py(t, keys, m, 16, full)
+    assert len(full) == sketch.SAMPLES_MAX

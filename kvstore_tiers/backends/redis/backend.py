@@ -69,16 +69,16 @@ from kvstore_tiers.backends.redis.client import (
 from kvstore_tiers.backends.redis.config import RedisConfig
 from kvstore_tiers.backends.redis.evictions import EvictionListener, check_notifications
 from kvstore_tiers.backends.redis.fastio import FastIO, fast_io_supported
+from kvstore_tiers.backends.redis.listing import iter_objects
 from kvstore_tiers.batching import LoadItem, Result, StoreItem, encode_batch
 from kvstore_tiers.errors import ObjectMissing, TransientError, detached
-from kvstore_tiers.frame import LISTING_READ, FrameCodec, created_ms
+from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.ratelimit import RateLimitedLogger
 from kvstore_tiers.redact import redact_nodes, redact_url
 
 logger = logging.getLogger(__name__)
 
-SUFFIX = ".kvf"
-#: Keys per pipeline of ``delete_many`` and of ``iter_objects``' header reads.
+#: Keys per pipeline of ``delete_many``.
 DELETE_BATCH = 256
 
 
@@ -293,43 +293,10 @@ class RedisBackend(Backend):
             self._warn.warning("touch", "redis tier: touch failed: %s", classify_redis(exc))
 
     def iter_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
-        """Every block under ``key_prefix + prefix``: name, frame size, creation time.
-
-        SCAN (every primary in a cluster) + one pipeline of STRLEN and
-        GETRANGE of the header per 256 keys; the time is the frame's
-        ``created_ms`` (Redis keeps no write time), 0 for a value that is not
-        a frame. Reading the header counts as an access for Redis's LRU clock.
-        """
-        for key, size, head in self._scan_frames(prefix):
-            yield ObjectInfo(key[len(self.prefix):], size, created_s(head))
-
-    def _scan_frames(self, prefix: str = "") -> Iterator[tuple[str, int, Any]]:
+        """Every block under ``key_prefix + prefix`` (:func:`.listing.iter_objects`)."""
         if self.client is None:
             raise TransientError("redis tier is closed")
-        pattern = _glob_escape(self.prefix + prefix) + "*"
-        batch: list[str] = []
-
-        def flush() -> Iterator[tuple[str, int, Any]]:
-            replies = self._run(
-                lambda p, ks: [(p.strlen(k), p.getrange(k, 0, LISTING_READ - 1)) for k in ks],
-                batch, per=2,
-            )
-            for i, key in enumerate(batch):
-                size, header = replies[2 * i], replies[2 * i + 1]
-                if isinstance(size, BaseException) or not size:
-                    continue  # vanished (expired/evicted) or unreadable right now
-                yield key, int(size), header
-
-        for raw in self.client.scan_iter(match=pattern, count=1000):
-            key = raw.decode() if isinstance(raw, bytes) else raw
-            if not key.endswith(SUFFIX):
-                continue
-            batch.append(key)
-            if len(batch) >= 256:
-                yield from flush()
-                batch = []
-        if batch:
-            yield from flush()
+        return iter_objects(self.client, self._run, self.prefix, prefix)
 
     # -- frames: pipelined batches (what the core calls) ---------------------------------
     def store_many(self, items: Sequence[StoreItem], codec: FrameCodec) -> list[Result]:
@@ -422,14 +389,3 @@ def _join(parts: Sequence[Buffer]) -> memoryview:
         buf[off : off + n] = p
         off += n
     return memoryview(buf)
-
-
-def _glob_escape(text: str) -> str:
-    """Escape glob metacharacters for SCAN MATCH."""
-    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
-def created_s(head: Any) -> float:
-    """Creation time (s since the epoch) of the frame starting with ``head``; 0 if none."""
-    ms = created_ms(head) if isinstance(head, (bytes, bytearray)) else None
-    return 0.0 if ms is None else ms / 1000.0

@@ -1,33 +1,28 @@
 """Zero-copy batched SET/GET for the redis tier (single server, not cluster).
 
-Why: a 2 MiB block through the plain redis-py path is copied three times on
-the store side (the frame is joined into one buffer, ``hiredis.pack_command``
-copies it again into the packed command, the kernel copies it into the
-socket) and twice on the load side (hiredis builds a fresh ``bytes`` per
-reply, the codec copies it into the row). Fresh multi-MiB buffers also fault
-in new pages on every call. Measured on the 2-core test VM, that put the tier
-at 0.3x (SET) and 0.7x (GET) of ``redis-benchmark``.
+Why: through plain redis-py a 2 MiB block is copied three times on a store
+(joined into one buffer, packed into the command by hiredis, into the
+socket) and twice on a load (a fresh ``bytes`` per reply, then into the
+row), and fresh multi-MiB buffers fault in new pages on every call.
 
-So, for a batch on one connection borrowed from redis-py's pool (which keeps
-doing connect, AUTH, TLS, SELECT and pooling):
+So, for a batch on one connection borrowed from redis-py's pool (which does
+connect, AUTH, TLS, SELECT and pooling):
 
 * **store**: the RESP command is written around the frame -- a small bytes
   object for ``*N $3 SET $k key $len`` + the frame header, then the payload
   buffer itself (for ``codec=none`` a view of the primary row), then the
   tail (``NX``, ``EX ttl``) -- with ``sendall`` per piece: no join, no pack
-  copy. Replies are read with redis-py's parser (``+OK`` / nil / errors).
+  copy; redis-py's parser reads the replies.
 * **load**: ``GET``/``GETEX`` commands are sent in one write, and each bulk
   reply is read here, off the raw socket: its first bytes go to
   :meth:`FrameCodec.receive`, which checks the header and says where the rest
   goes -- for ``codec=none`` straight into the destination row with
-  ``recv_into`` (one kernel copy), otherwise into a per-thread reusable
-  scratch buffer -- and :meth:`FrameReceiver.finish` verifies or decodes.
+  ``recv_into`` (one kernel copy), otherwise into a per-thread scratch
+  buffer -- and :meth:`FrameReceiver.finish` verifies or decodes.
 
-Protocol safety: every reply is always consumed to its end (``$len`` bytes +
-CRLF), whatever the frame check says; any I/O or protocol error disconnects
-the connection, so a half-read reply can never be seen by a later command.
-Only the replies GET/GETEX can produce (bulk, RESP2 nil bulk, RESP3 null,
-error) are parsed here; anything else is a protocol error (connection dropped).
+Protocol safety: every reply is consumed to its end (``$len`` bytes + CRLF),
+whatever the frame check says; any I/O or protocol error, or a reply GET/GETEX
+cannot produce, disconnects, so no later command sees a half-read reply.
 """
 
 from __future__ import annotations
@@ -51,7 +46,7 @@ GET_DEPTH = 2
 
 
 class _ProtocolError(Exception):
-    """The reply stream is not what we sent commands for; drop the connection."""
+    """The reply stream is not what we sent commands for: drop the connection."""
 
 
 class _Reader:
@@ -69,8 +64,7 @@ class _Reader:
     def _fill(self) -> None:
         if self.pos == self.end:
             self.pos = self.end = 0
-        elif self.end == len(self.buf):
-            # Move the unread tail to the front to make room.
+        elif self.end == len(self.buf):  # move the unread tail to the front
             n = self.end - self.pos
             self.buf[:n] = self.buf[self.pos : self.end]
             self.pos, self.end = 0, n

@@ -1,20 +1,19 @@
 """The s3 backend class: one S3 object per block, on AWS S3 or any S3-compatible server.
 
 Layout: ``s3://<bucket>/<prefix><namespace>/<hash[:3]>/<hash>_g<g>.kvf``
-(:meth:`Namespace.object_name`), plus ``<prefix><namespace>/config.json``
+(:mod:`kvstore_tiers.naming`), plus ``<prefix><namespace>/config.json``
 describing the namespace. The two hash-derived levels spread keys across
 S3's per-prefix request-rate partitions.
 
 Data path (put/get/exists/delete): aiobotocore on ONE event-loop thread
-owned by the backend (:class:`.client.EventLoop`). The core's I/O pool threads call the synchronous
-methods below, which submit a coroutine to that loop and wait for it with a
+owned by the backend (:class:`.client.EventLoop`). The core's I/O threads
+call the synchronous methods below, which submit a coroutine to that loop and wait for it with a
 deadline (``request_deadline_s``). An ``asyncio.Semaphore`` of
 ``max_concurrency`` bounds the requests in flight, so hundreds of requests
 overlap without a thread each. The chunks of one pool task (``tuning``) go
 out concurrently (``store_many``/``load_many``/``exists_many`` gather).
-Frame encoding and decoding stay on the pool threads (zstd and CRC-32C release
-the GIL), the loop thread only does HTTP. docs/s3.md has the measurement
-behind this choice (boto3 on threads vs aiobotocore on the same server).
+Frames are encoded and decoded on the pool threads (zstd and CRC-32C release
+the GIL); the loop thread only does HTTP (docs/s3.md: why aiobotocore).
 
 Admin paths use boto3: the start-up probe and bucket creation in
 :mod:`.probe`, listing and lifecycle expiry in :mod:`.lifecycle`.
@@ -42,7 +41,6 @@ import asyncio
 import contextlib
 import logging
 import queue
-import threading
 import time
 from collections import Counter
 from collections.abc import Coroutine, Iterator, Sequence
@@ -55,13 +53,16 @@ from kvstore_tiers.backends.base import (
     ObjectInfo,
 )
 from kvstore_tiers.backends.s3.client import (
+    MISSING_CODES,
     EventLoop,
+    backend_error,
     client_config,
     client_kwargs,
     error_code,
 )
-from kvstore_tiers.backends.s3.config import MAX_SINGLE_PUT, S3Config, put_extra_args, scrub
+from kvstore_tiers.backends.s3.config import MAX_SINGLE_PUT, S3Config, put_extra_args
 from kvstore_tiers.backends.s3.lifecycle import iter_objects as _iter_objects
+from kvstore_tiers.backends.s3.negative_cache import NegativeCache
 from kvstore_tiers.backends.s3.probe import probe as _probe
 from kvstore_tiers.batching import LoadItem, StoreItem, encode_batch
 from kvstore_tiers.errors import ObjectMissing, TransientError, classify
@@ -71,43 +72,8 @@ from kvstore_tiers.ratelimit import RateLimitedLogger
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
 #: Keys per DeleteObjects request (the S3 limit).
 DELETE_BATCH = 1000
-
-
-class NegativeCache:
-    """Object keys recently found absent, each remembered for ``ttl_s``.
-
-    Thread-safe (the lookup worker checks and fills it, the event-loop thread
-    forgets keys it stores). Bounded: past ``max_keys`` entries it starts
-    over, which only costs re-probing.
-    """
-
-    def __init__(self, ttl_s: float, max_keys: int = 200_000) -> None:
-        self.ttl_s = ttl_s
-        self.max_keys = max_keys
-        self._until: dict[str, float] = {}
-        self._lock = threading.Lock()
-
-    def check(self, keys: Sequence[str]) -> list[bool]:
-        if self.ttl_s <= 0:
-            return [False] * len(keys)
-        now = time.monotonic()
-        with self._lock:
-            return [self._until.get(k, 0.0) > now for k in keys]
-
-    def remember(self, key: str) -> None:
-        if self.ttl_s <= 0:
-            return
-        with self._lock:
-            if len(self._until) >= self.max_keys:
-                self._until.clear()
-            self._until[key] = time.monotonic() + self.ttl_s
-
-    def forget(self, key: str) -> None:
-        with self._lock:
-            self._until.pop(key, None)
 
 
 class S3Backend(Backend):
@@ -197,18 +163,6 @@ class S3Backend(Backend):
         """Run ``coro`` on the loop from a calling thread, within the deadline."""
         return self._loop.run(coro, timeout or self.config.request_deadline_s)
 
-    def _error(self, exc: BaseException, what: str) -> BaseException:
-        """Map a client exception onto ObjectMissing/TransientError (secrets scrubbed)."""
-        code, status = error_code(exc)
-        if status == 404 or code in _MISSING_CODES:
-            return ObjectMissing(what)
-        if isinstance(exc, asyncio.TimeoutError):
-            return TransientError(f"{what}: timed out")
-        detail = f"{code} (HTTP {status})" if code or status else f"{type(exc).__name__}: {exc}"
-        err = TransientError(scrub(f"{what}: {detail}", self.config))
-        err.__cause__ = exc
-        return err
-
     # -- coroutines (loop thread) ------------------------------------------------
     async def _put(self, key: str, body: bytes) -> bool:
         assert self._sem is not None
@@ -257,7 +211,7 @@ class S3Backend(Backend):
                 return True
             except Exception as exc:
                 code, status = error_code(exc)
-                if status == 404 or code in _MISSING_CODES:
+                if status == 404 or code in MISSING_CODES:
                     return False
                 raise
 
@@ -294,7 +248,7 @@ class S3Backend(Backend):
         except TransientError:
             raise
         except Exception as exc:
-            raise self._error(exc, f"PUT {name}") from exc
+            raise backend_error(self.config, exc, f"PUT {name}") from exc
 
     def get(self, name: str) -> bytes:
         try:
@@ -302,7 +256,7 @@ class S3Backend(Backend):
         except TransientError:
             raise
         except Exception as exc:
-            raise self._error(exc, f"GET {name}") from exc
+            raise backend_error(self.config, exc, f"GET {name}") from exc
 
     def exists_many(self, names: Sequence[str]) -> list[bool]:
         """One HEAD per name, all in flight at once (bounded). An error answers False.
@@ -322,7 +276,7 @@ class S3Backend(Backend):
             for k, r in zip(probe, results, strict=True):
                 if isinstance(r, BaseException):
                     self._warn.warning("head", "s3 tier: existence check failed (%s); "
-                                       "answering miss", self._error(r, f"HEAD {k}"))
+                                       "answering miss", backend_error(self.config, r, f"HEAD {k}"))
                     found[k] = False  # an error is not evidence of absence: not cached
                 else:
                     found[k] = bool(r)
@@ -336,7 +290,7 @@ class S3Backend(Backend):
         except TransientError:
             raise
         except Exception as exc:
-            err = self._error(exc, f"DELETE {name}")
+            err = backend_error(self.config, exc, f"DELETE {name}")
             if not isinstance(err, ObjectMissing):
                 raise err from exc
 
@@ -351,15 +305,16 @@ class S3Backend(Backend):
         batches = [keys[i : i + DELETE_BATCH] for i in range(0, len(keys), DELETE_BATCH)]
         if not batches:
             return
+        what = f"DeleteObjects of {len(keys)} keys"
         try:
             results = self._run(self._gather([self._delete_batch(b) for b in batches]))
         except TransientError:
             raise
         except Exception as exc:
-            raise self._error(exc, f"DeleteObjects of {len(keys)} keys") from None
+            raise backend_error(self.config, exc, what) from None
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:
-            raise self._error(failed[0], f"DeleteObjects of {len(keys)} keys") from None
+            raise backend_error(self.config, failed[0], what) from None
         codes = [c for r in results for c in r]
         if codes:
             raise TransientError(f"DeleteObjects: {len(codes)} of {len(keys)} keys not "
@@ -385,7 +340,7 @@ class S3Backend(Backend):
                 err = classify(exc)
                 results = [err] * len(coros)
             for (i, h, p), res in zip(encoded, results, strict=True):
-                out[i] = (classify(self._error(res, f"PUT {items[i].name}"))
+                out[i] = (classify(backend_error(self.config, res, f"PUT {items[i].name}"))
                           if isinstance(res, BaseException) else len(h) + len(p) if res else 0)
         return out
 
@@ -434,7 +389,7 @@ class S3Backend(Backend):
             item = items[i]
             if isinstance(frame, BaseException):
                 err = frame if isinstance(frame, TransientError) else \
-                    self._error(frame, f"GET {item.name}")
+                    backend_error(self.config, frame, f"GET {item.name}")
                 out[i] = classify(err)
                 continue
             try:

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from kvstore_tiers.backends.s3.config import S3Config
-from kvstore_tiers.errors import ConfigError, TransientError
+from kvstore_tiers.backends.s3.config import S3Config, scrub
+from kvstore_tiers.errors import ConfigError, ObjectMissing, TransientError
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
 logger = logging.getLogger(__name__)
@@ -94,6 +94,23 @@ def error_code(exc: BaseException) -> tuple[str, int]:
     code = str(resp.get("Error", {}).get("Code", ""))
     status = int(resp.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
     return code, status
+
+
+#: Error codes that mean "no such object".
+MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+
+
+def backend_error(config: S3Config, exc: BaseException, what: str) -> BaseException:
+    """Map a client exception onto ObjectMissing/TransientError (secrets scrubbed)."""
+    code, status = error_code(exc)
+    if status == 404 or code in MISSING_CODES:
+        return ObjectMissing(what)
+    if isinstance(exc, asyncio.TimeoutError):
+        return TransientError(f"{what}: timed out")
+    detail = f"{code} (HTTP {status})" if code or status else f"{type(exc).__name__}: {exc}"
+    err = TransientError(scrub(f"{what}: {detail}", config))
+    err.__cause__ = exc
+    return err
 
 
 

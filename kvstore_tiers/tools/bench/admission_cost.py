@@ -34,8 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from kvstore_tiers.admission import FrequencySketch
 from kvstore_tiers.config import TierConfig
+from kvstore_tiers.sketch import FrequencySketch
 from kvstore_tiers.tools.bench.fs_bench import scheduler_cost
 from kvstore_tiers.tools.bench.pairing import geomean_interval
 

@@ -43,13 +43,12 @@ from typing import Any
 
 from kvstore_tiers.admission import (
     PROBE_INTERVAL_S,
-    WRITE_COST,
     AdaptivePolicy,
     CapacitySignal,
-    FrequencySketch,
     ReusePolicy,
 )
-from kvstore_tiers.config import TierConfig, validate_config
+from kvstore_tiers.config import WRITE_COST, TierConfig, validate_config
+from kvstore_tiers.sketch import FrequencySketch
 from kvstore_tiers.tools.bench import trace_reference
 from kvstore_tiers.tools.bench.trace import block_key, fs_watermarks
 from kvstore_tiers.tools.bench.trace_file import TraceRequest, distinct_blocks, load
