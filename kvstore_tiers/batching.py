@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 from kvstore_tiers.errors import TransientError, classify
@@ -44,6 +45,20 @@ class LoadItem:
 #: One item's result from ``store_many``/``load_many``: frame bytes moved
 #: (stores: 0 = the object existed already) or the item's error.
 Result = int | BaseException
+
+
+#: A batch call: items and the thread's codec in, one result per item out.
+StoreMany = Callable[[Sequence["StoreItem"], "FrameCodec"], list["Result"]]
+LoadMany = Callable[[Sequence["LoadItem"], "FrameCodec"], list["Result"]]
+
+
+def batch_calls(backend: Backend) -> tuple[StoreMany, LoadMany]:
+    """The calls that store and load a batch on ``backend``, chosen once: its own
+    (``supports_batches``), so a job calls the backend with nothing between,
+    or the default loops below bound to it."""
+    if backend.supports_batches:
+        return backend.store_many, backend.load_many
+    return partial(store_many, backend), partial(load_many, backend)
 
 
 def store_many(backend: Backend, items: Sequence[StoreItem], codec: FrameCodec

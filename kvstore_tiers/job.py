@@ -52,7 +52,7 @@ from typing import Any
 from vllm.v1.kv_offload.base import Locality, Medium
 
 from kvstore_tiers.backends.base import Backend
-from kvstore_tiers.batching import LoadItem, StoreItem, load_many, store_many
+from kvstore_tiers.batching import LoadItem, Result, StoreItem, batch_calls
 from kvstore_tiers.errors import Cancelled, ObjectCorrupt, classify, detached
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.outcome import Summary, summarise
@@ -107,6 +107,14 @@ class TransferContext:
     admit: Callable[[list[bytes]], list[int] | None] | None = None
     #: Per-I/O-thread bounce buffers of deadlined loads (``.buf``).
     bounce: threading.local = field(default_factory=threading.local)
+    #: The backend's batch calls, chosen once (:func:`kvstore_tiers.batching.batch_calls`).
+    store_many: Callable[[Sequence[StoreItem], FrameCodec], list[Result]] = field(init=False)
+    load_many: Callable[[Sequence[LoadItem], FrameCodec], list[Result]] = field(init=False)
+
+    def __post_init__(self) -> None:
+        store, load = batch_calls(self.backend)
+        object.__setattr__(self, "store_many", store)  # frozen: set once, here
+        object.__setattr__(self, "load_many", load)
 
 
 class Job(PoolJob):
@@ -289,7 +297,7 @@ def _store(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
     keys, cids, outcomes = job.keys, job.cids, job.outcomes
     slots = range(start, stop)
     items = [StoreItem(name_of(keys[s]), keys[s], rows[cids[s]]) for s in slots]
-    for s, res in zip(slots, store_many(ctx.backend, items, codec), strict=True):
+    for s, res in zip(slots, ctx.store_many(items, codec), strict=True):
         if isinstance(res, BaseException):
             outcomes[s] = detached(res)
         else:
@@ -316,7 +324,7 @@ def _load(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
     else:
         dests = [rows[c] for c in job.cids[start:stop]]
     items = [LoadItem(name_of(k), k, d) for k, d in zip(keys, dests, strict=True)]
-    results = load_many(ctx.backend, items, codec)
+    results = ctx.load_many(items, codec)
     for s, item, res in zip(range(start, stop), items, results, strict=True):
         if isinstance(res, BaseException):
             job.outcomes[s] = detached(res)

@@ -40,7 +40,7 @@ from kvstore_tiers.backends.base import (
 from kvstore_tiers.backends.eviction_log import EvictionLog
 from kvstore_tiers.backends.fs import fileio
 from kvstore_tiers.backends.fs.config import FsConfig
-from kvstore_tiers.backends.fs.direct import (
+from kvstore_tiers.backends.fs.fileio import (
     O_DIRECT,
     PAGE,
     ThreadPages,
