@@ -122,17 +122,17 @@ class KVStoreTier(SecondaryTierManager):
         ledger = self._ledger = Ledger(
             tier_type, config, self._block_size_bytes,
             assembly.event_list(offloading_spec, config, tier_type))
-        # The scheduler thread's hot paths read these directly.
-        self.metrics, self.breaker, self._presence = ledger.metrics, ledger.breaker, ledger.presence
+        # Read directly by the hot paths; public to read, changed only here and by the ledger.
+        self.metrics, self.breaker, self.presence = ledger.metrics, ledger.breaker, ledger.presence
         self._failed = ledger.verdicts
         self._warn = ledger.warn
         evictions = self.backend.evictions
         self._evicted_keys = evictions.keys if evictions is not None else ()
         #: The store admission policy (None: ``admission: always``, no call at all).
-        self._admission = assembly.admission_policy(config, self.backend, ledger.counters,
+        self.admission = assembly.admission_policy(config, self.backend, ledger.counters,
                                                     self._block_size_bytes)
-        if self._admission is not None:
-            ledger.report_admission = self._admission.report
+        if self.admission is not None:
+            ledger.report_admission = self.admission.report
         #: Load jobs with a deadline still in flight (scanned by get_finished_jobs).
         self._deadlined: dict[int, Job] = {}
         self._ready: deque[JobResult] = deque()  # refused at submit, reported next poll
@@ -140,7 +140,7 @@ class KVStoreTier(SecondaryTierManager):
         self._store_bytes_in_flight = 0
         self._max_store_bytes_in_flight = assembly.store_backlog_bound(
             config.max_store_bytes_in_flight, self.rows.count * self._block_size_bytes)
-        policy = self._admission
+        policy = self.admission
         self._ctx = TransferContext(
             self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
             self.locality, ledger.events is not None, ledger.warn,
@@ -173,14 +173,14 @@ class KVStoreTier(SecondaryTierManager):
             breaker = self.breaker
             if breaker.state is not _CLOSED and breaker.is_open:
                 return LookupResult.MISS
-            if self._presence.stored(key):
+            if self.presence.stored(key):
                 return LookupResult.HIT
             found = self._lookup.lookup(key, req_context)
             if found is None:
                 return LookupResult.RETRY
             if not found:
                 return LookupResult.MISS
-            self._presence.add(key)  # known to exist: later lookups and stores skip the check
+            self.presence.add(key)  # known to exist: later lookups and stores skip the check
             return LookupResult.HIT
         except Exception:
             logger.exception("kvstore tier %s: lookup failed; answering MISS", self.tier_type)
@@ -249,7 +249,7 @@ class KVStoreTier(SecondaryTierManager):
         try:
             if not type(self.backend).supports_touch or not keys:
                 return
-            names = [self.namespace.object_name(k) for k in keys if k in self._presence]
+            names = [self.namespace.object_name(k) for k in keys if k in self.presence]
             if names:
                 self._pool.submit(TouchJob(self.backend, names), is_load=False)
         except Exception:
@@ -289,8 +289,8 @@ class KVStoreTier(SecondaryTierManager):
             return
         self._closed = True
         steps = [self._lookup.shutdown, self._pool.shutdown, self.backend.close]
-        if self._admission is not None:
-            steps.insert(0, self._admission.close)  # its probe thread reads the backend
+        if self.admission is not None:
+            steps.insert(0, self.admission.close)  # its probe thread reads the backend
         for step in steps:
             try:
                 step()
@@ -347,8 +347,8 @@ class KVStoreTier(SecondaryTierManager):
         if self._closed or not self.breaker.allow():
             self._fail_now(tj.job_id, tj, is_load)
             return
-        if not is_load and self._presence.holds_any(keys):
-            keys, cids = self._presence.absent(keys, cids)
+        if not is_load and self.presence.holds_any(keys):
+            keys, cids = self.presence.absent(keys, cids)
             self.metrics.counters.objects_skipped += len(tj.keys) - len(keys)
         # Store admission is not decided here: the I/O thread that starts the
         # job asks the policy (Job.start), and a load's blocks are counted as
@@ -384,13 +384,13 @@ class KVStoreTier(SecondaryTierManager):
             # In the index at once (later stores of these keys skip), stored
             # for lookups once the job's completion sets its ``done``; those
             # the policy did not admit leave it then.
-            self._presence.update(keys, job)
+            self.presence.update(keys, job)
         if job.deadline is not None:
             self._deadlined[tj.job_id] = job
         if not self._pool.submit(job, is_load):
             self._deadlined.pop(tj.job_id, None)
             if not is_load:
-                self._presence.discard_receipt(keys, job)
+                self.presence.discard_receipt(keys, job)
             self._warn.warning(
                 "queue-full", "kvstore tier %s: I/O queue full (%d chunks); failing job",
                 self.tier_type, self._pool.queued_chunks,

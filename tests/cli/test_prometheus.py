@@ -67,7 +67,7 @@ def test_tier_metrics_in_vllm_prometheus_output(
 
     flip_byte(kvf_files(tmp_path / "kv")[0])
     h.forget_primary()
-    h.tiers[0]._presence = type(h.tiers[0]._presence)(1000)  # as a new engine: no memory
+    h.tiers[0].presence = type(h.tiers[0].presence)(1000)  # as a new engine: no memory
     ctx2 = h.new_request()
     h.lookup_until_resolved(keys, ctx2)
     h.settle()

@@ -37,7 +37,7 @@ def test_a_block_evicted_while_its_store_is_in_flight_is_never_reported_stored(
     # blocks; the one evicted in flight is in neither, and not in the index.
     assert [k for e in events if e.removed for k in e.keys] == [stored_before[0]]
     assert sorted(k for e in events if not e.removed for k in e.keys) == sorted(keys[1:])
-    assert keys[0] not in tier._presence and stored_before[0] not in tier._presence
+    assert keys[0] not in tier.presence and stored_before[0] not in tier.presence
     assert tier.counters.objects_stored == 8
 
 

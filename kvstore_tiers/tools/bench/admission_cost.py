@@ -53,7 +53,7 @@ def _sightings(width: int) -> Callable[[Any, list[bytes]], None]:
     scratch = FrequencySketch(width)
 
     def count(tier: Any, keys: list[bytes]) -> None:
-        policy = tier._admission
+        policy = tier.admission
         (policy.seen if policy is not None else scratch.increment)(keys)
 
     return count

@@ -85,7 +85,7 @@ def test_evicted_objects_leave_the_presence_index(harness_factory, tmp_path) -> 
             view.update(dict.fromkeys(e.keys, not e.removed))
         assert sorted(k for k, stored in view.items() if stored) == sorted(kept)
         assert any(not stored for stored in view.values())  # removals went out
-        assert not any(k in tier._presence for k in evicted)
+        assert not any(k in tier.presence for k in evicted)
         assert all(tier.lookup(k, ctx) is LookupResult.HIT for k in kept)
         # Gone: the existence check runs (RETRY), not a HIT whose load would fail.
         assert all(tier.lookup(k, ctx) is not LookupResult.HIT for k in evicted)

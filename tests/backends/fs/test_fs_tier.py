@@ -426,7 +426,7 @@ def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
         # the failed one is forgotten.
         fresh = ReqContext(req_id="r2")
         assert [tier.lookup(k, fresh) for k in keys[:3]] == [HIT] * 3
-        assert keys[3] not in tier._presence
+        assert keys[3] not in tier.presence
         assert tier.counters.objects_stored == 3 and tier.counters.store_failures == 1
     # A later store of the failed key writes it (the disk works again).
     monkeypatch.setattr(fileio, "publish_files", real_publish)

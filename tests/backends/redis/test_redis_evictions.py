@@ -142,7 +142,7 @@ def test_on_with_ttl_enables_expiry_events_too(redis_server_factory, harness_fac
     wait_for(lambda: tier.backend.evictions.objects == 3, "expiry events heard", timeout_s=15)
     assert tier.backend.evictions.for_capacity == 0  # expired: the tier is not full
     h.step()
-    assert not any(k in tier._presence for k in keys)
+    assert not any(k in tier.presence for k in keys)
 
 
 def test_on_fails_startup_naming_the_key_when_config_is_refused(redis_server_factory,
@@ -264,8 +264,8 @@ def test_blocks_another_process_deleted_leave_the_index_where_the_server_says(
     h.step()
     if server_flags == "Eeg":
         assert sorted(heard) == sorted([*gone, marker])
-        assert not any(k in tier._presence for k in gone)
-        assert all(k in tier._presence for k in kept)
+        assert not any(k in tier.presence for k in gone)
+        assert all(k in tier.presence for k in kept)
         removed = [k for e in tier.take_events() if e.removed for k in e.keys]
         assert sorted(removed) == sorted(gone)  # the marker was never in the index
         hits, got = look_up_all(h, keys)
@@ -274,5 +274,5 @@ def test_blocks_another_process_deleted_leave_the_index_where_the_server_says(
         assert np.array_equal(got, rows[[index[k] for k in hits]])
     else:
         assert heard == [marker]
-        assert all(k in tier._presence for k in keys)  # stale: their loads will miss
+        assert all(k in tier.presence for k in keys)  # stale: their loads will miss
     assert tier.backend.evictions.objects == 1  # the marker: the deletions are not evictions
