@@ -37,3 +37,29 @@ def make_default_remote_detector(tier_type: str, failure_threshold: int) -> Any 
     else:
         kwargs.pop("failure_threshold", None)
     return EMABackpressureDetector(**kwargs)
+
+
+def declare_histogram(stats: Any, name: str, labelvalues: tuple[str, ...]) -> None:
+    """Put histogram ``name{labelvalues}`` into ``stats`` without an observation.
+
+    vLLM's Prometheus logger (``OffloadPromMetrics.observe``) binds the
+    labelled child of every (name, labels) in the payload before observing
+    its samples, so an empty sample list publishes the series: every bucket,
+    ``_sum`` and ``_count`` at 0, before the first job. An
+    ``OffloadingConnectorStats`` has no public call that adds a series
+    without a sample, so this writes its payload layout (a type per name, a
+    sample list per label tuple) with vLLM's own keys. Never raises: where
+    the layout differs, nothing is added and the series appears with its
+    first observation.
+    """
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics import (
+            _MetricType,
+            _StatsKey,
+        )
+
+        types, values = stats.data[_StatsKey.TYPES], stats.data[_StatsKey.DATA]
+        if types.setdefault(name, _MetricType.HISTOGRAM) == _MetricType.HISTOGRAM:
+            values.setdefault(name, {}).setdefault(labelvalues, [])
+    except Exception:
+        return

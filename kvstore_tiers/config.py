@@ -7,17 +7,24 @@ type and every offending key, raised at engine startup.
 
 Each backend declares a subclass of :class:`TierConfig` with its own keys.
 Secrets are :class:`pydantic.SecretStr`, so they never appear in a repr or a
-validation message.
+validation message. vLLM itself logs the whole ``--kv-transfer-config`` at
+start-up, so a secret inside a config reaches the server log all the same:
+:func:`warn_inline_secrets` says so once per tier, naming the key and where
+the secret belongs instead.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal, TypeVar
 from urllib.parse import SplitResult
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from kvstore_tiers.errors import ConfigError
+from kvstore_tiers.redact import redact_url
+
+logger = logging.getLogger(__name__)
 
 Compression = Literal["none", "zstd", "kvsplit", "auto"]
 
@@ -164,6 +171,14 @@ class TierConfig(BaseModel):
             raise ValueError("must not be empty (leave the key out to store unencrypted)")
         return value
 
+    def secret_remedy(self, key: str) -> str:
+        """Where the secret held by ``key`` belongs instead of the config.
+
+        Backends with secrets name their own way (an environment variable, a
+        credential chain, a file); said by :func:`warn_inline_secrets`.
+        """
+        return "an environment variable or a file that the backend reads (docs/security.md)"
+
 
 C = TypeVar("C", bound=TierConfig)
 
@@ -177,6 +192,77 @@ def url_port(parts: SplitResult) -> int | None:
     if port is not None and not 0 < port < 65536:
         raise ValueError("port must be 1-65535")
     return port
+
+
+def file_path(value: str | None) -> str | None:
+    """Validator of a key that names a file: its path, never its contents.
+
+    PEM or other multi-line text is refused, so a private key pasted in place
+    of its path fails start-up (the message names the key, not the value)
+    rather than sitting in the config that vLLM logs.
+    """
+    if value is not None and ("-----BEGIN" in value or "\n" in value):
+        raise ValueError("must be the path of a file, not its contents")
+    return value
+
+
+def _holds_credentials(value: Any) -> bool:
+    values = value if isinstance(value, list) else [value]
+    return any(isinstance(v, str) and redact_url(v) != v for v in values)
+
+
+def inline_secret_keys(config: TierConfig) -> list[str]:
+    """The keys of ``config`` whose value holds a secret, in field order.
+
+    A set :class:`~pydantic.SecretStr` (``password``, ``aws_secret_access_key``,
+    a plugin's secrets), or a URL or node list with credentials in it (what
+    :func:`~kvstore_tiers.redact.redact_url` would hide). Never the values.
+    """
+    keys = []
+    for name in type(config).model_fields:
+        value = getattr(config, name)
+        if isinstance(value, SecretStr):
+            if value.get_secret_value():
+                keys.append(name)
+        elif _holds_credentials(value):
+            keys.append(name)
+    return keys
+
+
+def inline_secret_advice(config: TierConfig) -> str | None:
+    """What holds a secret in ``config`` and where it belongs instead; None if nothing.
+
+    Names every key of :func:`inline_secret_keys` with its way out
+    (:meth:`TierConfig.secret_remedy`), never a value.
+    """
+    keys = inline_secret_keys(config)
+    if not keys:
+        return None
+    by_remedy: dict[str, list[str]] = {}
+    for key in keys:
+        by_remedy.setdefault(config.secret_remedy(key), []).append(f"'{key}'")
+    if len(by_remedy) == 1:
+        remedies = next(iter(by_remedy))
+    else:
+        remedies = "; ".join(f"{', '.join(named)}: {way}" for way, named in by_remedy.items())
+    subject = f"key '{keys[0]}' holds" if len(keys) == 1 else "keys " + ", ".join(
+        f"'{k}'" for k in keys) + " hold"
+    return f"{subject} a secret; instead use {remedies}"
+
+
+def warn_inline_secrets(config: TierConfig, tier_type: str) -> None:
+    """One warning, at a tier's start-up, if ``config`` holds secrets.
+
+    vLLM's server prints its whole ``--kv-transfer-config`` in its
+    ``non-default args`` line, so such a secret is in the server log. The
+    warning is :func:`inline_secret_advice`: keys and ways out, never a value.
+    """
+    advice = inline_secret_advice(config)
+    if advice is not None:
+        logger.warning(
+            "secondary tier '%s': %s. vLLM's server logs the whole --kv-transfer-config at "
+            "start-up (its 'non-default args' line), so its log holds the secret too.",
+            tier_type, advice)
 
 
 def validate_config(model: type[C], tier_type: str, values: dict[str, Any]) -> C:

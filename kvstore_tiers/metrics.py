@@ -122,8 +122,16 @@ class TierMetrics:
             OffloadingConnectorStats,
         )
 
+        from kvstore_tiers.compat import declare_histogram
+
         stats = OffloadingConnectorStats()
         labels = (self.label,)
+        if not self._reported:
+            # As the counters below: every histogram is a series from the first
+            # collection (zero buckets), so a p99 panel is not "no data" before the
+            # tier's first load.
+            for name in HISTOGRAMS:
+                declare_histogram(stats, PREFIX + name, labels)
         for name, value in self.counters.as_dict().items():
             # The first collection reports every counter, zeros included, so each
             # series exists in Prometheus from the start: an alert on, e.g.,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 MASK = "***"
 _SECRET_ARG = re.compile(r"pass|secret|token|credential|auth", re.IGNORECASE)
@@ -67,6 +67,34 @@ def redact_url(url: str) -> str:
         return out + (f"#{MASK}" if parts.fragment else "")
     except ValueError:
         return MASK if "@" in url or "pass" in url.lower() else url
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """``(url without its password, the password)``; ``(url, None)`` when it has none.
+
+    Takes the userinfo's password (``redis://user:pw@host`` becomes
+    ``redis://user@host``, ``unix://:pw@/path.sock`` becomes
+    ``unix:///path.sock``) and a ``password`` query argument, which redis-py
+    prefers when both are given; the user name and every other part stay as
+    given. Other secret query arguments (``ssl_password``...) stay:
+    :func:`redact_url` still hides them. ValueError if ``url`` does not parse.
+    """
+    parts = urlsplit(url)
+    netloc, password = parts.netloc, None
+    userinfo, at, hostport = netloc.rpartition("@")
+    user, has_password, secret = userinfo.partition(":")
+    if at and has_password:
+        password = unquote(secret)
+        netloc = f"{user}@{hostport}" if user else hostport
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    kept = [(k, v) for k, v in pairs if k != "password"]
+    if len(kept) < len(pairs):
+        password = next(v for k, v in pairs if k == "password")  # redis-py: the first
+    if password is None:
+        return url, None
+    query = urlencode(kept)
+    out = f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+    return out + (f"#{parts.fragment}" if parts.fragment else ""), password
 
 
 def redact_nodes(nodes: Iterable[str]) -> list[str]:

@@ -53,7 +53,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 from kvstore_tiers import assembly
 from kvstore_tiers.backends.base import Backend
 from kvstore_tiers.codecs import resolve_compression
-from kvstore_tiers.config import TierConfig, validate_config
+from kvstore_tiers.config import TierConfig, validate_config, warn_inline_secrets
 from kvstore_tiers.existence import ExistenceCheck
 from kvstore_tiers.health import BreakerState
 from kvstore_tiers.job import Job, PrimaryRows, TouchJob, TransferContext
@@ -98,8 +98,8 @@ class KVStoreTier(SecondaryTierManager):
         attach_to_vllm_logging()
         sweep_stale_regions()  # regions of killed engines would leak /dev/shm
         remote = self.backend_cls.remote
-        config: TierConfig = validate_config(self.backend_cls.config_model, tier_type,
-                                             tier_kwargs)
+        config: TierConfig = validate_config(self.backend_cls.config_model, tier_type, tier_kwargs)
+        warn_inline_secrets(config, tier_type)
         if backpressure_detector is None:
             backpressure_detector = assembly.default_detector(remote, tier_type, config)
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)

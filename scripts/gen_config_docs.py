@@ -69,7 +69,9 @@ at engine start-up, and an unknown or invalid key fails start-up with a
 message naming the key and listing the accepted ones.
 
 Defaults are shown as JSON (`null` = not set). Secrets (`password`,
-`aws_secret_access_key`, ...) never appear in logs or error messages.
+`aws_secret_access_key`, ...) never appear in our logs or error messages, but
+vLLM's server logs the whole `--kv-transfer-config` at start-up: keep them out
+of it ([security](security.md#what-vllm-logs-keep-secrets-out-of-the-config)).
 
 ## Keys read by vLLM
 """

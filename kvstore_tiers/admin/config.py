@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,50 @@ def validate_tier(tier: Mapping[str, Any]) -> tuple[type[Backend], Any]:
     cls = load_backend(name)
     values = {k: v for k, v in tier.items() if k not in VLLM_TIER_KEYS}
     return cls, validate_config(cls.config_model, name, values)
+
+
+@dataclass(frozen=True)
+class MovedPassword:
+    """A redis password taken out of a tier dict: the tier now reads it from ``env``."""
+
+    tier_index: int
+    env: str
+    #: The key it was in (``url`` or ``password``).
+    key: str
+
+
+def move_passwords_to_env(tiers: list[dict[str, Any]]
+                          ) -> tuple[list[dict[str, Any]], list[MovedPassword]]:
+    """``tiers`` with every redis password moved into the environment form.
+
+    A password in a tier's URL (userinfo or ``?password=``) or its ``password``
+    key is removed, and the tier gets ``password_env`` naming the variable it
+    reads instead: its own ``password_env``, else ``KVSTORE_REDIS_PASSWORD``;
+    a second tier with another password under a taken name gets the name
+    with ``_<tier index>`` appended. Returns the new tier dicts (the input is
+    not changed) and what moved, never a password. Tiers must be valid.
+    """
+    from kvstore_tiers.backends.redis.config import DEFAULT_PASSWORD_ENV, RedisConfig
+    from kvstore_tiers.redact import split_password
+
+    out: list[dict[str, Any]] = []
+    moved: list[MovedPassword] = []
+    values: dict[str, str] = {}  # variable -> the password it must hold
+    for i, tier in enumerate(tiers):
+        tier = dict(tier)
+        out.append(tier)
+        if not issubclass(validate_tier(tier)[0].config_model, RedisConfig):
+            continue
+        url, in_url = split_password(tier["url"]) if tier.get("url") else (None, None)
+        password = tier.pop("password", None) or in_url
+        if password is None:
+            continue
+        if url is not None:
+            tier["url"] = url
+        env = tier.get("password_env") or DEFAULT_PASSWORD_ENV
+        if values.get(env, password) != password:
+            env = f"{env}_{i}"
+        tier["password_env"] = env
+        values[env] = password
+        moved.append(MovedPassword(i, env, "password" if "password" in tiers[i] else "url"))
+    return out, moved

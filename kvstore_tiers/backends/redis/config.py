@@ -7,7 +7,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, field_serializer, field_validator, model_validator
 
-from kvstore_tiers.config import TierConfig, url_port
+from kvstore_tiers.config import TierConfig, file_path, url_port
 from kvstore_tiers.redact import redact_nodes, redact_url
 
 DEFAULT_PASSWORD_ENV = "KVSTORE_REDIS_PASSWORD"
@@ -32,7 +32,8 @@ class RedisConfig(TierConfig):
     tls: bool = Field(False, description="Use TLS with 'nodes' (with 'url', use rediss://).")
     username: str | None = Field(None, description="ACL user name.")
     password: SecretStr | None = Field(
-        None, description="ACL/requirepass password. Prefer password_env in shared configs.",
+        None, description="ACL/requirepass password. Prefer password_env: vLLM's server logs the "
+        "config (the tier warns at start-up).",
     )
     username_env: str = Field(
         DEFAULT_USERNAME_ENV, description="Environment variable read when 'username' is unset.",
@@ -42,7 +43,8 @@ class RedisConfig(TierConfig):
     )
     tls_ca_file: str | None = Field(None, description="CA bundle that signed the server cert.")
     tls_cert_file: str | None = Field(None, description="Client certificate (mutual TLS).")
-    tls_key_file: str | None = Field(None, description="Client private key (mutual TLS).")
+    tls_key_file: str | None = Field(None, description="Path of the client private key (mutual "
+                                              "TLS); never the key itself.")
     tls_check_hostname: bool = Field(True, description="Verify the server name in its cert.")
     key_prefix: str = Field("kvstore:", description="Prefix of every key this tier writes.")
     ttl_s: int | None = Field(
@@ -87,6 +89,8 @@ class RedisConfig(TierConfig):
                 raise ValueError(f"each node is 'host:port' with a port of 1-65535, not {node!r}")
         return nodes
 
+    _tls_paths = field_validator("tls_ca_file", "tls_cert_file", "tls_key_file")(file_path)
+
     @field_validator("url")
     @classmethod
     def _url_named(cls, url: str | None) -> str | None:
@@ -127,6 +131,12 @@ class RedisConfig(TierConfig):
     @field_serializer("nodes")
     def _dump_nodes(self, nodes: list[str] | None) -> list[str] | None:
         return None if nodes is None else redact_nodes(nodes)
+
+    def secret_remedy(self, key: str) -> str:
+        if key in ("url", "nodes", "password"):
+            return (f"the environment variable {self.password_env} (password_env) for the "
+                    "password, a URL without it; `kvstore-tiers config` writes that form")
+        return super().secret_remedy(key)
 
     @property
     def is_cluster(self) -> bool:

@@ -39,7 +39,8 @@ class S3Config(TierConfig):
     )
     profile: str | None = Field(None, description="AWS shared-config profile name.")
     aws_access_key_id: SecretStr | None = Field(
-        None, description="Explicit access key id (default: the standard AWS chain).",
+        None, description="Explicit access key id. Default, and preferred: the standard AWS "
+        "chain (vLLM's server logs the config; the tier warns at start-up).",
     )
     aws_secret_access_key: SecretStr | None = Field(None, description="Explicit secret key.")
     aws_session_token: SecretStr | None = Field(None, description="Explicit session token.")
@@ -124,6 +125,11 @@ class S3Config(TierConfig):
         if self.prefix.startswith("/"):
             raise ValueError("prefix must not start with '/'")
         return self
+
+    def secret_remedy(self, key: str) -> str:
+        return ("the AWS credential chain: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY "
+                "(/ AWS_SESSION_TOKEN) in the environment, a shared-config 'profile', or an "
+                "instance, container or web-identity role")
 
     @property
     def key_prefix(self) -> str:
