@@ -55,6 +55,15 @@ def _decode_key(data: bytes, source: str, allow_raw: bool = False) -> bytes:
     raise ConfigError(f"encryption key from {source} is not 16/24/32 bytes of hex or base64")
 
 
+def _looks_like_key(value: str) -> bool:
+    """True if ``value`` decodes as key material (hex or base64 of 16/24/32 bytes)."""
+    try:
+        _decode_key(value.encode(), "")
+    except (ConfigError, UnicodeEncodeError):
+        return False
+    return True
+
+
 def load_key(env_name: str | None, file_path: str | None) -> bytes | None:
     """The encryption key named by the config, or None if encryption is off."""
     if env_name and file_path:
@@ -69,8 +78,10 @@ def load_key(env_name: str | None, file_path: str | None) -> bytes | None:
             with open(file_path, "rb") as f:
                 data = f.read()
         except OSError as exc:
-            raise ConfigError(f"encryption_key_file: cannot read {file_path}: "
-                              f"{exc.strerror}") from None
+            # A key written where its file's path belongs must not reach the log.
+            shown = "the file it names" if _looks_like_key(file_path) else file_path
+            raise ConfigError(f"encryption_key_file: cannot read {shown}: {exc.strerror} "
+                              "(it takes the path of a file holding the key)") from None
         return _decode_key(data, f"file {file_path}", allow_raw=True)
     return None
 

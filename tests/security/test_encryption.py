@@ -73,6 +73,23 @@ def test_key_sources_and_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         load_key("KVT_KEY", str(f))
 
 
+@pytest.mark.parametrize("value", [KEY_B.hex(), base64.b64encode(KEY_B).decode()])
+def test_a_key_written_where_its_file_belongs_is_not_echoed(value: str) -> None:
+    from kvstore_tiers.crypto import load_key
+
+    with pytest.raises(ConfigError) as e:
+        load_key(None, value)
+    assert value not in str(e.value) and "encryption_key_file" in str(e.value)
+
+
+def test_a_missing_key_file_is_named(tmp_path: Path) -> None:
+    from kvstore_tiers.crypto import load_key
+
+    missing = tmp_path / "no-such.key"
+    with pytest.raises(ConfigError, match=r"no-such\.key"):
+        load_key(None, str(missing))
+
+
 def _tiers(kind: str, where: Any, env: str) -> list[dict[str, Any]]:
     if kind == "fs":
         return [{"type": "fs", "root_dir": str(where), "encryption_key_env": env}]
