@@ -34,7 +34,8 @@ than ``capacity``. Adding keys to the FIFO at completion instead (only the
 written ones) touched every key object there, cold by then, or kept a
 container per job that the cyclic GC must walk: either cost every tier
 (``admission: always`` too) more in ``get_finished_jobs`` than the
-dilution costs a gated one (docs/benchmarks.md).
+dilution costs a gated one (measured at 26dbc0f; the A/B is in git's
+history of docs/benchmarks.md).
 
 It is a ``dict`` subclass so that ``key in index``, :meth:`update` and
 :meth:`stored` run mostly in C: they are on vLLM's scheduler thread. The

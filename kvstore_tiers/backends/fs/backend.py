@@ -63,15 +63,14 @@ from kvstore_tiers.frame import FrameCodec
 logger = logging.getLogger(__name__)
 
 # Up to eight files per I/O task, one GIL-free call for the eight: per-file
-# GIL round trips and pool hand-offs were what kept 256 KiB stores from 4
-# requests at 0.67x of vLLM's tier on tmpfs (0.95x with 8, 0.85x with 4, no
-# gain at 16; docs/benchmarks.md), and loads pay the same round trips behind
-# a busy scheduler thread. A load job is still spread over every read thread
-# first (a 16-chunk job on 8 threads goes two per task), since loads sit on
-# time-to-first-token. Eight 256 KiB loads per call gained 1.25x over one on
-# tmpfs, 1.07x on the disk; eight 2 MiB ones lost 0.88x on tmpfs (the job
-# waits for its last, larger task), so a load task carries at most 2 MiB of
-# rows. Headers are padded to a page so a raw payload is page aligned.
+# GIL round trips and pool hand-offs were what kept small stores behind
+# vLLM's tier on tmpfs (fewer per call was slower, more gained nothing), and
+# loads pay the same round trips behind a busy scheduler thread. A load job
+# is still spread over every read thread first (a 16-chunk job on 8 threads
+# goes two per task), since loads sit on time-to-first-token; a load task
+# carries at most 2 MiB of rows, since a job waits for its last, larger task
+# (the A/Bs are in the history of docs/benchmarks.md). Headers are padded to
+# a page so a raw payload is page aligned.
 TUNING = IOTuning(load_batch=8, store_batch=8, spread_loads=True,
                   max_load_batch_bytes=2 << 20, header_align=PAGE)
 

@@ -48,8 +48,7 @@ def _sightings(width: int) -> Callable[[Any, list[bytes]], None]:
     with ``always``, by a scratch sketch of the same width. Every arm's keys then
     pass through a sketch once, untimed, and are as warm in the caches when the
     timed calls read them (where only the policies' arms counted, theirs read
-    cheaper than ``always``'s for warm keys, not for less work:
-    docs/benchmarks.md)."""
+    cheaper than ``always``'s for warm keys, not for less work)."""
     scratch = FrequencySketch(width)
 
     def count(tier: Any, keys: list[bytes]) -> None:
