@@ -14,7 +14,9 @@ one node), through files in it:
 **Reserve before writing.** A store reserves its files' sizes (rounded up to
 the filesystem block) in the ledger before it creates a temp file; a file
 is written only if ``charged + size <= max_bytes`` and ``free - pending -
-size >= min_free_bytes`` (``free`` from ``statvfs`` at that moment). If not,
+size >= min_free_bytes`` (``free`` from ``statvfs``, read holding the ledger
+lock, so that no write can give its reservation back between the reading and
+the decision). If not,
 the writer evicts right there (blocking on the evict lock while another
 process evicts) and asks again; a file that still finds no room within
 :attr:`CapacityController.reserve_wait_s` fails its store (a miss, never a
@@ -169,6 +171,16 @@ class CapacityController:
         st = os.statvfs(self.base)
         return st.f_bavail * st.f_frsize
 
+    def _free_now(self) -> int | None:
+        """Free bytes of the filesystem where a floor is set (None without one).
+
+        Call it holding the ledger lock: a write finished after an earlier
+        reading may have given its reservation back already, so its bytes
+        would be missed in both ``free`` and ``pending``. Read under the lock,
+        every write is in one or the other (a write in progress in both).
+        """
+        return self._free_bytes() if self.min_free is not None else None
+
     def _room(self, charged: int, pending: int, size: int, free: int | None) -> bool:
         if self.max_bytes is not None and charged + size > self.max_bytes:
             return False
@@ -187,9 +199,9 @@ class CapacityController:
         :attr:`reserve_wait_s`). Each granted one must be :meth:`release`-d."""
         deadline = time.monotonic() + self.reserve_wait_s
         while True:
-            free = self._free_bytes() if self.min_free is not None else None
             with self._ledger() as led:
                 charged, pending = led
+                free = self._free_now()
                 n = add = 0
                 for size in sizes:
                     if not self._room(charged + add, pending + add, size, free):
@@ -219,9 +231,9 @@ class CapacityController:
         """Evict for ``need`` more bytes unless a writer that held the evict
         lock before us already made room; True if there may be room now."""
         with _flock(self._evict_lock_path):
-            free = self._free_bytes() if self.min_free is not None else None
             with self._ledger() as led:
                 charged, pending = led
+                free = self._free_now()
             if self._room(charged, pending, need, free):
                 return True
             return self._evict_locked(need) > 0
@@ -332,9 +344,9 @@ class CapacityController:
             if self._stop.is_set():
                 return
             try:
-                free = self._free_bytes() if self.min_free is not None else None
                 with self._ledger() as led:
                     charged, pending = led
+                    free = self._free_now()
                 if self._past_high(charged, free, pending):
                     self.evict_now()
             except Exception:
