@@ -319,16 +319,31 @@ class CapacityController:
     # -- thread -------------------------------------------------------------------
     def start(self) -> None:
         """Count what is on disk (a restarted engine knows its usage), check
-        that ``max_bytes`` leaves room for objects, start the evictor.
-        Raises ConfigError naming ``max_bytes`` if it does not."""
+        that ``max_bytes`` and ``min_free_bytes`` leave room for a file, start
+        the evictor. Raises ConfigError naming the key that does not."""
         self.evict_now(wait=True)
-        if self.max_bytes is not None and self.overhead >= self.max_bytes:
+        problem = self._no_room_ever()
+        if problem:
             os.close(self._ledger_fd)
-            raise ConfigError(
-                f"fs tier: key 'max_bytes': {self.max_bytes} bytes leave no room for blocks: "
-                f"the namespace directory {self.base} itself takes {self.overhead} bytes "
-                "(its 4,096 shard directories and small files, counted in max_bytes)")
+            raise ConfigError(f"fs tier: {problem}")
         self._thread.start()
+
+    def _no_room_ever(self) -> str | None:
+        """Why not even one block could ever be written (None: it could)."""
+        if self.max_bytes is not None and self.overhead + self.block > self.max_bytes:
+            return (f"key 'max_bytes': {self.max_bytes} bytes leave no room for blocks: "
+                    f"the namespace directory {self.base} itself takes {self.overhead} bytes "
+                    "(its 4,096 shard directories and small files, counted in max_bytes)")
+        if self.min_free is not None:
+            st = os.statvfs(self.base)
+            # Blocks reserved for root (f_bfree - f_bavail) are never free to us.
+            size = (st.f_blocks - (st.f_bfree - st.f_bavail)) * st.f_frsize
+            if self.min_free + self.overhead + self.block > size:
+                return (f"key 'min_free_bytes': {self.min_free} bytes can never be free "
+                        f"while this tier writes a block: the filesystem of {self.base} "
+                        f"holds {size} bytes for files, {self.overhead} of them the "
+                        "namespace directory's own")
+        return None
 
     def stop(self) -> None:
         self._stop.set()
