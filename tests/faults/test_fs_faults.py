@@ -286,20 +286,47 @@ def test_max_bytes_holds_across_two_processes(tmpfs: Path) -> None:
     assert failures == 0
 
 
-def test_min_free_bytes_alone_keeps_space_free(tmpfs: Path) -> None:
-    """An 8 MiB floor and no cap, 2x the disk stored: at least 8 MiB stay free throughout."""
-    floor, chunk = 8 << 20, 1 << 20
+class _FreeAfterWrites:
+    """Wraps the fs tier's publish call: the filesystem's free bytes right after
+    every batch of writes, before its reservations are given back (the least
+    free space a floor must hold, seen at each write, not only when sampled)."""
+
+    def __init__(self, path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.path = path
+        self.least_free = 1 << 62
+        self._publish = fs_io.publish_files
+        monkeypatch.setattr(fs_io, "publish_files", self)
+
+    def __call__(self, batch: Any) -> Any:
+        out = self._publish(batch)
+        st = os.statvfs(self.path)
+        self.least_free = min(self.least_free, st.f_bavail * st.f_frsize)
+        return out
+
+
+@pytest.mark.parametrize("chunk,threads,per_request", [(1 << 20, 4, 8), (256 << 10, 16, 64)],
+                         ids=["1MiB-4-threads", "256KiB-16-threads"])
+def test_min_free_bytes_alone_keeps_space_free(tmpfs: Path, monkeypatch: pytest.MonkeyPatch,
+                                               chunk: int, threads: int,
+                                               per_request: int) -> None:
+    """An 8 MiB floor and no cap, 2x the disk stored by concurrent writers: at
+    least 8 MiB stay free throughout, checked after every write."""
+    floor = 8 << 20
+    writes = _FreeAfterWrites(tmpfs, monkeypatch)
     d = Driver(BACKEND, [{"type": "fs", "root_dir": str(tmpfs), "min_free_bytes": floor,
-                          "failure_threshold": 1000}], num_chunks=16, chunk_bytes=chunk)
+                          "n_write_threads": threads, "failure_threshold": 1000}],
+               num_chunks=2 * per_request, chunk_bytes=chunk)
     try:
         n = 2 * TMPFS_BYTES // chunk
         with _DiskSampler(tmpfs) as disk:
-            keys = _store_many_blocks(d, n, seed=61)
+            keys = _store_many_blocks(d, n, seed=61, per_request=per_request)
         d.score.fault("min_free_floor", n)
         failures = d.tier.counters.store_failures
-        print(f"min_free_bytes {floor >> 10} KiB, {n} stores of {chunk >> 10} KiB: least free "
-              f"{disk.least_free >> 10} KiB ({disk.samples} samples), {failures} store failures")
+        print(f"min_free_bytes {floor >> 10} KiB, {n} stores of {chunk >> 10} KiB from "
+              f"{threads} threads: least free {disk.least_free >> 10} KiB ({disk.samples} "
+              f"samples), {writes.least_free >> 10} KiB after a write; {failures} store failures")
         assert disk.least_free >= floor
+        assert writes.least_free >= floor
         assert failures == 0
         d.forget_primary()
         assert d.fetch(keys[-4:]) == [HIT] * 4

@@ -7,6 +7,8 @@ before any connection, file or thread is made.
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from typing import Any
 
@@ -58,6 +60,18 @@ BAD: list[tuple[dict[str, Any], str]] = [
     ({**S3, "region": "not a region!"}, "region"),
     ({**S3, "region": ""}, "region"),
     ({**S3, "encryption_key_file": " "}, "encryption_key_file"),
+    ({**S3, "region": "0"}, "region"),  # all digits: botocore's InvalidRegionError before
+    ({**S3, "region": "-eu"}, "region"),
+    ({**S3, "storage_class": "-1"}, "storage_class"),
+    ({**S3, "storage_class": "0"}, "storage_class"),
+    ({**S3, "storage_class": "S" * 5000}, "storage_class"),
+    ({"type": "s3", "bucket": "kv-bucket", "storage_class": "COLD"}, "storage_class"),  # AWS
+    ({**REDIS, "tls_ca_file": "/etc/ca.pem"}, "tls_ca_file"),  # redis://, not rediss://
+    ({**REDIS, "tls_cert_file": "/etc/c.pem", "tls_key_file": "/etc/k.pem"}, "tls_cert_file"),
+    ({**REDIS, "tls_cert_file": "/etc/c.pem", "tls_key_file": "/etc/k.pem"}, "tls_key_file"),
+    ({**REDIS, "url": "rediss://127.0.0.1:9/0", "tls_ca_file": ""}, "tls_ca_file"),
+    ({**REDIS, "url": "rediss://127.0.0.1:9/0", "tls_cert_file": " ",
+      "tls_key_file": "/etc/k.pem"}, "tls_cert_file"),
 ]
 
 
@@ -78,6 +92,49 @@ def test_out_of_bounds_value_fails_startup_naming_the_key(tier: dict[str, Any], 
     assert time.monotonic() - start < 10  # refused, not tried (max_connections hung before)
 
 
+def test_fs_floor_the_filesystem_can_never_hold_fails_at_open_naming_the_key(
+        tmp_path: Any) -> None:
+    """A floor of the filesystem's size or more (1e18 reads as an int) would let
+    the tier start and fail every store; one leaving a block of room starts."""
+    root = tmp_path / "kv"
+    root.mkdir()
+    st = os.statvfs(root)
+    size = (st.f_blocks - (st.f_bfree - st.f_bavail)) * st.f_frsize
+    for floor in (1e18, size):
+        with pytest.raises(ConfigError) as err:
+            build_harness([{"type": "fs", "root_dir": str(root), "min_free_bytes": floor}],
+                          num_chunks=4, chunk_bytes=4096)
+        assert "'min_free_bytes'" in str(err.value), str(err.value)
+    build_harness([{"type": "fs", "root_dir": str(root), "min_free_bytes": size // 2}],
+                  num_chunks=4, chunk_bytes=4096).shutdown()
+
+
+def test_fs_cap_without_room_for_one_block_fails_at_open_naming_the_key(
+        tmp_path: Any) -> None:
+    """The namespace directory's own bytes count in max_bytes: a cap that leaves
+    less than one filesystem block beside them can never take a store."""
+    from kvstore_tiers.backends.fs.capacity import CapacityController
+    from kvstore_tiers.backends.fs.config import FsConfig
+
+    ns_dir = tmp_path / "ns"
+    ns_dir.mkdir()
+
+    def started(max_bytes: int) -> CapacityController:
+        cap = CapacityController(ns_dir, FsConfig(root_dir=str(tmp_path), max_bytes=max_bytes),
+                                 lambda paths: None)
+        cap.start()
+        return cap
+
+    started(1 << 40).stop()  # the first count comes before the ledger file has a block
+    probe = started(1 << 40)
+    overhead, block = probe.overhead, probe.block
+    probe.stop()
+    with pytest.raises(ConfigError) as err:
+        started(overhead + block - 1)
+    assert "'max_bytes'" in str(err.value), str(err.value)
+    started(overhead + block).stop()
+
+
 def test_deployment_sized_values_are_accepted(tmp_path: Any) -> None:
     validate_config(RedisConfig, "redis", {
         "url": "rediss://cache.internal:6380/2", "ttl_s": 30 * 86400, "max_connections": 2048,
@@ -88,9 +145,17 @@ def test_deployment_sized_values_are_accepted(tmp_path: Any) -> None:
     validate_config(S3Config, "s3", {
         "bucket": "kv-bucket", "endpoint_url": "https://s3.example.com:9000",
         "region": "eu-central-1", "ca_bundle": str(bundle), "request_deadline_s": 120,
-        "read_timeout_s": 60, "connect_timeout_s": 10})
+        "read_timeout_s": 60, "connect_timeout_s": 10, "storage_class": "STANDARD_IA"})
+    validate_config(S3Config, "s3", {"bucket": "kv-bucket", "storage_class": "GLACIER_IR"})
+    validate_config(S3Config, "s3", {  # a Ceph RGW placement's own class
+        "bucket": "kv-bucket", "endpoint_url": "http://ceph:8080", "storage_class": "COLD"})
+    validate_config(RedisConfig, "redis", {
+        "url": "rediss://cache.internal:6380/2", "tls_ca_file": str(bundle),
+        "tls_cert_file": str(bundle), "tls_key_file": str(bundle)})
+    # A floor the machine's disk can hold: one of its size or more fails at open.
+    floor = min(10 << 30, shutil.disk_usage(tmp_path).total // 4)
     h = build_harness([{"type": "fs", "root_dir": str(tmp_path / "kv"),
-                        "max_bytes": 500 << 30, "min_free_bytes": 10 << 30,
+                        "max_bytes": 500 << 30, "min_free_bytes": floor,
                         "load_timeout_s": 30, "presence_capacity": 50_000_000}],
                       num_chunks=4, chunk_bytes=4096)
     h.shutdown()

@@ -14,7 +14,9 @@ one node), through files in it:
 **Reserve before writing.** A store reserves its files' sizes (rounded up to
 the filesystem block) in the ledger before it creates a temp file; a file
 is written only if ``charged + size <= max_bytes`` and ``free - pending -
-size >= min_free_bytes`` (``free`` from ``statvfs`` at that moment). If not,
+size >= min_free_bytes`` (``free`` from ``statvfs``, read holding the ledger
+lock, so that no write can give its reservation back between the reading and
+the decision). If not,
 the writer evicts right there (blocking on the evict lock while another
 process evicts) and asks again; a file that still finds no room within
 :attr:`CapacityController.reserve_wait_s` fails its store (a miss, never a
@@ -169,6 +171,16 @@ class CapacityController:
         st = os.statvfs(self.base)
         return st.f_bavail * st.f_frsize
 
+    def _free_now(self) -> int | None:
+        """Free bytes of the filesystem where a floor is set (None without one).
+
+        Call it holding the ledger lock: a write finished after an earlier
+        reading may have given its reservation back already, so its bytes
+        would be missed in both ``free`` and ``pending``. Read under the lock,
+        every write is in one or the other (a write in progress in both).
+        """
+        return self._free_bytes() if self.min_free is not None else None
+
     def _room(self, charged: int, pending: int, size: int, free: int | None) -> bool:
         if self.max_bytes is not None and charged + size > self.max_bytes:
             return False
@@ -187,9 +199,9 @@ class CapacityController:
         :attr:`reserve_wait_s`). Each granted one must be :meth:`release`-d."""
         deadline = time.monotonic() + self.reserve_wait_s
         while True:
-            free = self._free_bytes() if self.min_free is not None else None
             with self._ledger() as led:
                 charged, pending = led
+                free = self._free_now()
                 n = add = 0
                 for size in sizes:
                     if not self._room(charged + add, pending + add, size, free):
@@ -219,9 +231,9 @@ class CapacityController:
         """Evict for ``need`` more bytes unless a writer that held the evict
         lock before us already made room; True if there may be room now."""
         with _flock(self._evict_lock_path):
-            free = self._free_bytes() if self.min_free is not None else None
             with self._ledger() as led:
                 charged, pending = led
+                free = self._free_now()
             if self._room(charged, pending, need, free):
                 return True
             return self._evict_locked(need) > 0
@@ -307,16 +319,31 @@ class CapacityController:
     # -- thread -------------------------------------------------------------------
     def start(self) -> None:
         """Count what is on disk (a restarted engine knows its usage), check
-        that ``max_bytes`` leaves room for objects, start the evictor.
-        Raises ConfigError naming ``max_bytes`` if it does not."""
+        that ``max_bytes`` and ``min_free_bytes`` leave room for a file, start
+        the evictor. Raises ConfigError naming the key that does not."""
         self.evict_now(wait=True)
-        if self.max_bytes is not None and self.overhead >= self.max_bytes:
+        problem = self._no_room_ever()
+        if problem:
             os.close(self._ledger_fd)
-            raise ConfigError(
-                f"fs tier: key 'max_bytes': {self.max_bytes} bytes leave no room for blocks: "
-                f"the namespace directory {self.base} itself takes {self.overhead} bytes "
-                "(its 4,096 shard directories and small files, counted in max_bytes)")
+            raise ConfigError(f"fs tier: {problem}")
         self._thread.start()
+
+    def _no_room_ever(self) -> str | None:
+        """Why not even one block could ever be written (None: it could)."""
+        if self.max_bytes is not None and self.overhead + self.block > self.max_bytes:
+            return (f"key 'max_bytes': {self.max_bytes} bytes leave no room for blocks: "
+                    f"the namespace directory {self.base} itself takes {self.overhead} bytes "
+                    "(its 4,096 shard directories and small files, counted in max_bytes)")
+        if self.min_free is not None:
+            st = os.statvfs(self.base)
+            # Blocks reserved for root (f_bfree - f_bavail) are never free to us.
+            size = (st.f_blocks - (st.f_bfree - st.f_bavail)) * st.f_frsize
+            if self.min_free + self.overhead + self.block > size:
+                return (f"key 'min_free_bytes': {self.min_free} bytes can never be free "
+                        f"while this tier writes a block: the filesystem of {self.base} "
+                        f"holds {size} bytes for files, {self.overhead} of them the "
+                        "namespace directory's own")
+        return None
 
     def stop(self) -> None:
         self._stop.set()
@@ -332,9 +359,9 @@ class CapacityController:
             if self._stop.is_set():
                 return
             try:
-                free = self._free_bytes() if self.min_free is not None else None
                 with self._ledger() as led:
                     charged, pending = led
+                    free = self._free_now()
                 if self._past_high(charged, free, pending):
                     self.evict_now()
             except Exception:

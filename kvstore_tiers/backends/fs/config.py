@@ -18,7 +18,8 @@ class FsConfig(TierConfig):
     )
     min_free_bytes: int | None = Field(
         None, ge=0, le=1 << 60, description="Free-space floor of the filesystem, held as "
-        "writes happen (room is reserved before each write; LRU eviction frees it).",
+        "writes happen (room is reserved before each write; LRU eviction frees it). One "
+        "the filesystem can never have free fails at start-up.",
     )
     high_watermark: float = Field(0.95, gt=0, le=1, description="Evict above this fraction.")
     low_watermark: float = Field(0.85, gt=0, le=1, description="Evict down to this fraction "

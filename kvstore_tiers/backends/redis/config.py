@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_serializer, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    ValidationInfo,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from kvstore_tiers.config import TierConfig, file_path, url_port
 from kvstore_tiers.redact import redact_nodes, redact_url
@@ -108,15 +115,24 @@ class RedisConfig(TierConfig):
             url_port(parts)
         return url
 
+    @field_validator("tls_ca_file", "tls_cert_file", "tls_key_file")
+    @classmethod
+    def _tls_file(cls, path: str | None, info: ValidationInfo) -> str | None:
+        if path is None:
+            return path
+        if not path.strip():
+            # "" would silently mean "no file": no CA check, no client certificate.
+            raise ValueError("must name a file (leave the key out for none)")
+        url = info.data.get("url")  # validated before the TLS files
+        if url is not None and urlsplit(url).scheme != "rediss":
+            raise ValueError("a TLS file needs a rediss:// url (TLS); the url is "
+                             f"{urlsplit(url).scheme}://")
+        return path
+
     @model_validator(mode="after")
     def _check(self) -> RedisConfig:
         if self.url is not None and self.nodes:
             raise ValueError("set either 'url' or 'nodes', not both")
-        if self.url is not None:
-            scheme = urlsplit(self.url).scheme
-            tls_files = self.tls_ca_file or self.tls_cert_file or self.tls_key_file
-            if tls_files and scheme != "rediss":
-                raise ValueError("TLS files are set but the url is not rediss://")
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together")
         if (self.cluster or self.nodes) and ("{" in self.key_prefix or "}" in self.key_prefix):

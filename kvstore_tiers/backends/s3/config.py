@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections.abc import Mapping
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator, model_validator
 
 from kvstore_tiers.config import TierConfig, url_port, validate_config
 
@@ -16,8 +17,42 @@ SUFFIX = ".kvf"
 #: Largest body of one PutObject (S3 limit). A KV block frame is far below it
 #: (megabytes), so the backend never needs multipart upload.
 MAX_SINGLE_PUT = 5 * 1024**3
-#: What botocore accepts as a region name.
-_REGION = re.compile(r"^[a-zA-Z0-9](?:[a-zA-Z0-9\-]{0,61}[a-zA-Z0-9])?$")
+#: A storage class of an S3-compatible server's own (a Ceph RGW placement's, e.g. COLD).
+_OWN_STORAGE_CLASS = re.compile(r"^[A-Z][A-Z0-9_]{0,63}$")
+
+
+def _region_problem(region: str) -> str | None:
+    """Why botocore would refuse ``region`` (None: it would not, or botocore is
+    not installed, when the tier cannot start anyway)."""
+    if not region:
+        return "must not be empty (leave the key out for the AWS environment's region)"
+    try:
+        from botocore.exceptions import InvalidRegionError
+        from botocore.utils import validate_region_name
+    except ImportError:
+        return None
+    try:
+        validate_region_name(region)
+    except InvalidRegionError:
+        return (f"not a region name (letters, digits and '-', not all digits, at most 63): "
+                f"{region[:70]!r}")
+    return None
+
+
+@functools.cache
+def storage_classes() -> tuple[str, ...]:
+    """The storage classes of botocore's model of the S3 API (empty without botocore
+    or without that model, when any name is let through)."""
+    try:
+        from botocore.exceptions import DataNotFoundError
+        from botocore.loaders import create_loader
+    except ImportError:
+        return ()
+    try:
+        shapes = create_loader().load_service_model("s3", "service-2")["shapes"]
+        return tuple(shapes["StorageClass"]["enum"])
+    except (DataNotFoundError, KeyError):
+        return ()
 
 
 class S3Config(TierConfig):
@@ -69,7 +104,9 @@ class S3Config(TierConfig):
         "miss, and the failure counts towards the circuit breaker.",
     )
     storage_class: str | None = Field(
-        None, description="StorageClass of stored objects (STANDARD, INTELLIGENT_TIERING...).",
+        None, description="StorageClass of stored objects: one of S3's (STANDARD, "
+        "INTELLIGENT_TIERING...; botocore's list), or with endpoint_url the server's own "
+        "class in capitals, digits and '_' (a Ceph RGW placement's, e.g. COLD).",
     )
     sse: Literal["AES256", "aws:kms"] | None = Field(
         None, description="Server-side encryption: AES256 (SSE-S3) or aws:kms (SSE-KMS).",
@@ -100,9 +137,25 @@ class S3Config(TierConfig):
     @field_validator("region")
     @classmethod
     def _region(cls, region: str | None) -> str | None:
-        if region is not None and not _REGION.match(region):
-            raise ValueError(f"not a region name (letters, digits and '-'): {region!r}")
+        problem = None if region is None else _region_problem(region)
+        if problem:
+            raise ValueError(problem)
         return region
+
+    @field_validator("storage_class")
+    @classmethod
+    def _storage_class(cls, name: str | None, info: ValidationInfo) -> str | None:
+        # S3 answers an unknown class with InvalidStorageClass on every PUT.
+        if name is None:
+            return name
+        known = storage_classes()
+        if not known or name in known:
+            return name
+        if info.data.get("endpoint_url") and _OWN_STORAGE_CLASS.match(name):
+            return name  # an S3-compatible server may define its own classes
+        raise ValueError(f"not an S3 storage class: {name[:70]!r} (S3's: {', '.join(known)}; "
+                         "with endpoint_url, also a server's own class in capitals, digits "
+                         "and '_')")
 
     @field_validator("ca_bundle")
     @classmethod

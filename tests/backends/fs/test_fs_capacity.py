@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing as mp
+import os
 from pathlib import Path
+
+import pytest
 
 from kvstore_tiers.admin.harness import make_keys
 
 from ...conftest import rows_like
 
 ROW = 65536  # each object is 4096 + 65536 bytes on disk
+CHUNK = 256 << 10
 
 
 def _disk_bytes(root: Path) -> int:
@@ -126,3 +131,71 @@ def test_two_processes_sharing_a_root_stay_under_the_cap(tmp_path) -> None:
     total, _ = scan(ns_dir)
     assert total <= cap
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def _ledger_busy(ns_dir: Path) -> bool:
+    """Whether someone holds the ledger lock now (as another writer would find it)."""
+    fd = os.open(ns_dir / ".usage", os.O_RDWR | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # also drops the lock if we got it
+    return False
+
+
+@pytest.mark.parametrize("room,granted", [(3 * CHUNK // 2, False), (2 * CHUNK, True)],
+                         ids=["no-room-after-it", "room-for-both"])
+def test_a_write_finishing_between_free_space_reading_and_reservation_is_counted(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, room: int, granted: bool) -> None:
+    """Writer B has reserved a chunk; writer A reads the free space, and B's write
+    finishes right after that reading. B gives its reservation back as soon as
+    the ledger lets it, so A must not decide on a reading that misses both B's
+    bytes on disk and B's reservation: the floor holds, and A still gets room
+    where there is room for both."""
+    from kvstore_tiers.backends.fs.capacity import CapacityController
+    from kvstore_tiers.backends.fs.config import FsConfig
+    from kvstore_tiers.backends.fs.writers import WriterLock
+
+    floor = 8 << 20
+    ns_dir = tmp_path / "ns"
+    ns_dir.mkdir()
+    writer = WriterLock(ns_dir)
+    cap = CapacityController(ns_dir, FsConfig(root_dir=str(tmp_path), min_free_bytes=floor),
+                             lambda paths: None, writer)
+    cap.reserve_wait_s = 0.0  # one try, then the store fails (no waiting in a test)
+    free = floor + room  # the simulated filesystem: statvfs cannot be steered on demand
+    finish_b_after_reading = False
+    b_released = False
+
+    def release_b() -> None:
+        nonlocal b_released
+        cap.release(CHUNK, CHUNK)
+        b_released = True
+
+    def reading() -> int:
+        nonlocal free, finish_b_after_reading
+        seen = free
+        if finish_b_after_reading:
+            finish_b_after_reading = False
+            free -= CHUNK  # B's file is on disk now...
+            if not _ledger_busy(ns_dir):
+                release_b()  # ...and B gives its reservation back at once
+        return seen
+
+    monkeypatch.setattr(cap, "_free_bytes", reading)
+    try:
+        assert cap.reserve([CHUNK]) == 1  # B
+        finish_b_after_reading = True
+        got = cap.reserve([CHUNK])  # A
+        if not b_released:
+            release_b()  # B waited for the ledger lock A held
+        if got:
+            free -= CHUNK  # A's write
+            cap.release(CHUNK, CHUNK)
+        assert got == int(granted)
+        assert free >= floor
+    finally:
+        cap.stop()
+        writer.close()
