@@ -52,9 +52,10 @@ from typing import Any
 from vllm.v1.kv_offload.base import Locality, Medium
 
 from kvstore_tiers.backends.base import Backend
-from kvstore_tiers.batching import LoadItem, Result, StoreItem, batch_calls
+from kvstore_tiers.batching import LoadItem, LoadMany, Result, StoreItem, batch_calls
 from kvstore_tiers.errors import Cancelled, ObjectCorrupt, classify, detached
 from kvstore_tiers.frame import FrameCodec
+from kvstore_tiers.loadtrace import LoadTrace
 from kvstore_tiers.outcome import Summary, summarise
 from kvstore_tiers.pool import PoolJob
 from kvstore_tiers.ratelimit import RateLimitedLogger
@@ -107,6 +108,9 @@ class TransferContext:
     admit: Callable[[list[bytes]], list[int] | None] | None = None
     #: Per-I/O-thread bounce buffers of deadlined loads (``.buf``).
     bounce: threading.local = field(default_factory=threading.local)
+    #: The load trace (:mod:`kvstore_tiers.loadtrace`); None: off, and a load
+    #: pays this one test for it.
+    trace: LoadTrace | None = None
     #: The backend's batch calls, chosen once (:func:`kvstore_tiers.batching.batch_calls`).
     store_many: Callable[[Sequence[StoreItem], FrameCodec], list[Result]] = field(init=False)
     load_many: Callable[[Sequence[LoadItem], FrameCodec], list[Result]] = field(init=False)
@@ -115,6 +119,8 @@ class TransferContext:
         store, load = batch_calls(self.backend)
         object.__setattr__(self, "store_many", store)  # frozen: set once, here
         object.__setattr__(self, "load_many", load)
+        if self.trace is not None:
+            self.backend.trace_mark = self.trace.mark  # what the backend does inside its call
 
 
 class Job(PoolJob):
@@ -248,6 +254,9 @@ class Job(PoolJob):
         # in its cache, made up much of a job's completion cost. (``landed``
         # stays: an expiring load reads it under ``lock``.)
         self.outcomes, self.stored_bytes, self.cids = (), (), ()
+        trace = self.ctx.trace
+        if trace is not None and self.is_load:
+            trace.published(self.job_id, self.n_slots, self.submit_time, not self.summary.bad)
 
     def release(self) -> None:
         """Scheduler thread, once reported: drop what a receipt need not keep.
@@ -280,10 +289,13 @@ class TouchJob(PoolJob):
 def run_slots(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
     """Move slots ``[start, stop)`` of ``job`` through its backend; record outcomes."""
     try:
-        if job.is_load:
-            _load(job, codec, start, stop)
-        else:
+        if not job.is_load:
             _store(job, codec, start, stop)
+        elif job.ctx.trace is None:
+            _load(job, codec, start, stop, job.ctx.load_many)
+        else:
+            with job.ctx.trace.batch(job.job_id, start, stop, job.ctx.load_many) as load_many:
+                _load(job, codec, start, stop, load_many)
     except Exception as exc:
         # The batch call itself failed: no slot of it can be trusted.
         err = detached(classify(exc))
@@ -305,10 +317,11 @@ def _store(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
             job.stored_bytes[s] = res
 
 
-def _load(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
+def _load(job: Job, codec: FrameCodec, start: int, stop: int, load_many: LoadMany) -> None:
     """The one load loop: straight into the primary rows, or, for a job with
     a deadline, into this thread's bounce buffer and then into each row
-    under the job's lock unless it expired (module docstring)."""
+    under the job's lock unless it expired (module docstring). ``load_many``:
+    the backend's batch call (``ctx.load_many``, timed when traced)."""
     ctx = job.ctx
     name_of, rows = ctx.object_name, ctx.rows
     keys = job.keys[start:stop]
@@ -324,7 +337,7 @@ def _load(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
     else:
         dests = [rows[c] for c in job.cids[start:stop]]
     items = [LoadItem(name_of(k), k, d) for k, d in zip(keys, dests, strict=True)]
-    results = ctx.load_many(items, codec)
+    results = load_many(items, codec)
     for s, item, res in zip(range(start, stop), items, results, strict=True):
         if isinstance(res, BaseException):
             job.outcomes[s] = detached(res)

@@ -50,7 +50,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from kvstore_tiers import assembly
+from kvstore_tiers import assembly, loadtrace
 from kvstore_tiers.backends.base import Backend
 from kvstore_tiers.codecs import resolve_compression
 from kvstore_tiers.config import TierConfig, validate_config, warn_inline_secrets
@@ -100,6 +100,7 @@ class KVStoreTier(SecondaryTierManager):
         remote = self.backend_cls.remote
         config: TierConfig = validate_config(self.backend_cls.config_model, tier_type, tier_kwargs)
         warn_inline_secrets(config, tier_type)
+        self.load_trace = loadtrace.start(tier_type)  # $KVSTORE_TIERS_LOAD_TRACE; None: off
         if backpressure_detector is None:
             backpressure_detector = assembly.default_detector(remote, tier_type, config)
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
@@ -108,9 +109,8 @@ class KVStoreTier(SecondaryTierManager):
         cipher = assembly.open_cipher(config)
         self.encrypted = cipher is not None
         self.namespace = assembly.make_namespace(offloading_spec, config, cipher, tier_type)
-        self.codec_id = resolve_compression(
-            config.compression, remote=remote, dtype_bytes=self.namespace.dtype_bytes
-        )
+        self.codec_id = resolve_compression(config.compression, remote=remote,
+                                            dtype_bytes=self.namespace.dtype_bytes)
         self.backend: Backend = self.backend_cls(config, self.namespace)
         self.backend.open()
         tuning = self.backend.tuning
@@ -124,15 +124,14 @@ class KVStoreTier(SecondaryTierManager):
             assembly.event_list(offloading_spec, config, tier_type))
         # Read directly by the hot paths; public to read, changed only here and by the ledger.
         self.metrics, self.breaker, self.presence = ledger.metrics, ledger.breaker, ledger.presence
-        self._failed = ledger.verdicts
-        self._warn = ledger.warn
+        self._failed, self._warn = ledger.verdicts, ledger.warn
         evictions = self.backend.evictions
         self._evicted_keys = evictions.keys if evictions is not None else ()
         #: The store admission policy (None: ``admission: always``, no call at all).
-        self.admission = assembly.admission_policy(config, self.backend, ledger.counters,
-                                                    self._block_size_bytes)
-        if self.admission is not None:
-            ledger.report_admission = self.admission.report
+        policy = self.admission = assembly.admission_policy(config, self.backend,
+                                                            ledger.counters, self._block_size_bytes)
+        if policy is not None:
+            ledger.report_admission = policy.report
         #: Load jobs with a deadline still in flight (scanned by get_finished_jobs).
         self._deadlined: dict[int, Job] = {}
         self._ready: deque[JobResult] = deque()  # refused at submit, reported next poll
@@ -140,11 +139,11 @@ class KVStoreTier(SecondaryTierManager):
         self._store_bytes_in_flight = 0
         self._max_store_bytes_in_flight = assembly.store_backlog_bound(
             config.max_store_bytes_in_flight, self.rows.count * self._block_size_bytes)
-        policy = self.admission
         self._ctx = TransferContext(
             self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
             self.locality, ledger.events is not None, ledger.warn,
-            None if policy is None else policy.seen, None if policy is None else policy.admit)
+            None if policy is None else policy.seen, None if policy is None else policy.admit,
+            trace=self.load_trace)
         self._pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
                                          tuning.header_align, cipher)
         self._lookup = ExistenceCheck(self._ctx)
@@ -229,6 +228,8 @@ class KVStoreTier(SecondaryTierManager):
                 for job in [j for j in self._deadlined.values() if now > (j.deadline or now)]:
                     self._deadlined.pop(job.job_id, None)
                     results.append(self._ledger.expired(job))
+            if self.load_trace is not None:
+                self.load_trace.picked(results)
         except Exception:
             logger.exception("kvstore tier %s: get_finished_jobs failed", self.tier_type)
         return results
@@ -241,11 +242,8 @@ class KVStoreTier(SecondaryTierManager):
         return events
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
-        """Refresh recency/expiry of blocks the primary just reused, in the background.
-
-        Only for backends that declare ``supports_touch`` (e.g. redis ``ttl_s``,
-        fs LRU); the batch goes to the I/O pool, or is dropped if it is full.
-        """
+        """Refresh recency/expiry (``supports_touch``: redis ``ttl_s``, fs LRU) of blocks
+        the primary just reused: a batch for the I/O pool, dropped if it is full."""
         try:
             if not type(self.backend).supports_touch or not keys:
                 return
@@ -291,6 +289,8 @@ class KVStoreTier(SecondaryTierManager):
         steps = [self._lookup.shutdown, self._pool.shutdown, self.backend.close]
         if self.admission is not None:
             steps.insert(0, self.admission.close)  # its probe thread reads the backend
+        if self.load_trace is not None:
+            steps.append(self.load_trace.close)  # writes the trace
         for step in steps:
             try:
                 step()

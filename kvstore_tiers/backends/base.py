@@ -36,7 +36,7 @@ evicts on its own reports it through its :attr:`Backend.evictions` log
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -114,6 +114,10 @@ class Backend(ABC):
     #: What the store removed on its own, where it evicts (set by the backend,
     #: at latest in :meth:`open`); None: it never evicts.
     evictions: EvictionLog | None = None
+    #: With the load trace on (:mod:`kvstore_tiers.loadtrace`), set by the
+    #: core: ``trace_mark(stage)`` inside ``load_many`` notes that ``stage``
+    #: happened now; None (off) a backend marks nothing.
+    trace_mark: Callable[[str], None] | None = None
 
     def __init__(self, config: Any, namespace: StoreNamespace) -> None:
         self.config = config

@@ -103,6 +103,16 @@ from kvstore_tiers.cli._common import require_extra
 @click.option("--min-sightings", type=click.IntRange(2, 15), default=2, show_default=True,
               help="--trace: the reuse policy's admission_min_sightings (and the "
               "reference's write-on-Nth-sight).")
+@click.option("--load-trace", "load_trace", is_flag=True,
+              help="Where a load's time goes: our fs tier with the load trace on and vLLM's "
+              "stock fs tier observed from outside, alternating rounds, each storing "
+              "--total-mib (default 64) of --chunk-kib chunks (one size, default 2048) and "
+              "loading it back 16 chunks per request; writes load-trace.jsonl to --out and "
+              "prints the per-phase breakdown.")
+@click.option("--load-trace-summary", "load_trace_file",
+              type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Measure nothing: print the per-phase breakdown of a load trace file "
+              "(written by a tier with KVSTORE_TIERS_LOAD_TRACE set, e.g. in an engine).")
 @click.option("--tier-key", "tier_keys", multiple=True, metavar="KEY=VALUE",
               help="--trace: a tier config key for every replayed tier (repeatable; VALUE "
               "read as JSON, else as a string), e.g. eviction_events=off.")
@@ -114,7 +124,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           backpressure: bool, model: str | None, single_process: bool | None,
           trace_path: Path | None, policies: tuple[str, ...], capacities: tuple[float, ...],
           n_requests: int | None, primary_blocks: int | None, min_sightings: int,
-          tier_keys: tuple[str, ...]) -> None:
+          load_trace: bool, load_trace_file: Path | None, tier_keys: tuple[str, ...]) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
@@ -132,6 +142,8 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
       kvstore-tiers bench --chunk-kib 2048 --reload-rounds 40
       kvstore-tiers bench --engine --pairs 6
       kvstore-tiers bench --backpressure
+      kvstore-tiers bench --load-trace --chunk-kib 2048 --rounds 4
+      kvstore-tiers bench --load-trace-summary /tmp/engine-load-trace.jsonl
       kvstore-tiers bench --trace mooncake-conversation.jsonl --requests 3000 \\
           --policy always --policy reuse --tier fs --tier redis --samples DIR
     """
@@ -143,6 +155,21 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         _compare(compare_dir)
         return
     ctx = click.get_current_context()
+    if load_trace_file is not None:
+        _print_load_trace(load_trace_file)
+        return
+    if load_trace:
+        given = [n for n in ctx.params if n not in ("load_trace", "chunk_kib", "total_mib",
+                                                    "rounds", "directory", "out_dir", "tiers")
+                 and ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+        if given or tiers != ("fs",):
+            raise click.UsageError(f"--load-trace measures the fs tiers alone; drop "
+                                   f"{_flags(given) or '--tier'}")
+        if len(chunk_kib) > 1:
+            raise click.UsageError("--load-trace takes one --chunk-kib")
+        _load_trace(directory, out_dir, chunk_kib[0] if chunk_kib else 2048, total_mib or 64,
+                    rounds or 2)
+        return
     trace_only = ("policies", "capacities", "n_requests", "primary_blocks", "min_sightings",
                   "tier_keys")
     given = [n for n in trace_only
@@ -332,6 +359,47 @@ def _trace(trace_path: Path, tiers: tuple[str, ...], policies: tuple[str, ...],
 
         console.print(f"plot: {plot_trace(result['trace'], out_dir / 'trace.png')}")
     console.print(f"took {result['seconds']:.0f} s")
+
+
+def _print_load_trace(path: Path) -> None:
+    """``--load-trace-summary``: the breakdown table of a load trace file."""
+    from rich.console import Console
+
+    from kvstore_tiers.tools.bench import load_breakdown
+
+    try:
+        records = load_breakdown.read_trace(path)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--load-trace-summary") from None
+    if not records:
+        raise click.BadParameter(f"{path} holds no record", param_hint="--load-trace-summary")
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console.print(load_breakdown.table(load_breakdown.summarise(records), str(path)))
+
+
+def _load_trace(directory: Path, out_dir: Path, chunk_kib: int, total_mib: int,
+                rounds: int) -> None:
+    """``--load-trace``: load-trace.jsonl and load-trace.json in --out, and the table."""
+    from rich.console import Console
+
+    from kvstore_tiers.tools.bench import load_breakdown
+    from kvstore_tiers.tools.bench.runner import code_info, machine_info, write_json
+
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    directory.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    try:
+        result = load_breakdown.run(directory.resolve(), chunk_kib << 10, total_mib << 20,
+                                    rounds, out_dir / "load-trace.jsonl",
+                                    lambda msg: console.print(msg))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    doc = {"mode": "load-trace", "code": code_info(), "machine": machine_info(),
+           "seconds": time.time() - t0, **result}
+    console.print(load_breakdown.table(result["summary"], f"load trace, {chunk_kib} KiB chunks, "
+                                       f"{load_breakdown.JOB_CHUNKS} per job"))
+    console.print(f"trace: {out_dir / 'load-trace.jsonl'}; result: "
+                  f"{write_json(doc, out_dir / 'load-trace.json')}")
 
 
 def _backpressure(directory: Path, out_dir: Path, pairs: int | None, rounds: int | None

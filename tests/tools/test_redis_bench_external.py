@@ -59,6 +59,8 @@ def test_own_server_measured_untouched_and_secret_free(users_redis: int) -> None
     assert b["server"] == f"127.0.0.1:{users_redis}/0"
     assert b["tier_set_MiBps"] > 0 and b["raw_client_get_MiBps"] > 0
     assert len(b["set_ratios_raw"]) == 2 and b["get_ratio_raw"] > 0
+    for who in ("tier_set", "tier_get", "tier_get_transfer", "raw_client_set", "raw_client_get"):
+        assert b[f"{who}_cpu_s_per_gb"] > 0, who  # this process's CPU per GB moved
     assert "memory" not in result  # a used_memory delta means nothing on a shared server
     assert SECRET not in json.dumps(result)
     client = redis.Redis(port=users_redis, password=SECRET)

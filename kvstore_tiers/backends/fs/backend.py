@@ -301,7 +301,7 @@ class FileSystemBackend(Backend):
         """Read every item's file with one GIL-free call (:func:`fileio.read_files`),
         which also checksums each row it filled where this tier's frames carry
         rows as is, then finish each frame; per item the frame's size or its
-        error."""
+        error. Load trace marks: ``read``, ``read_end``, a ``frame`` per item."""
         pages = self._pages.read_pages(len(items))
         crc_of = 1 if codec.raw_payloads else -1  # the row: the read's second part
         batch: list[fileio.ReadItem] = []
@@ -316,14 +316,21 @@ class FileSystemBackend(Backend):
             batch.append((self.path(item.name), [hdr, item.dest, overflow],
                           O_DIRECT if direct else 0, crc_of))
         out: list[int | BaseException] = []
-        for item, (path, parts, *_), res in zip(items, batch, fileio.read_files(batch),
-                                                strict=True):
+        mark = self.trace_mark  # the load trace's (None: off)
+        if mark is not None:
+            mark("read")
+        read = fileio.read_files(batch)
+        if mark is not None:
+            mark("read_end")
+        for item, (path, parts, *_), res in zip(items, batch, read, strict=True):
             try:
                 if isinstance(res, OSError):
                     raise _classify_oserror(res, path) from res
                 out.append(self._place(item, codec, path, parts[0], res))
             except Exception as exc:
                 out.append(classify(exc))
+            if mark is not None:
+                mark("frame")
         return out
 
     def _place(self, item: LoadItem, codec: FrameCodec, path: str, hdr: memoryview,

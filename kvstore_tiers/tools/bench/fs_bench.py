@@ -13,6 +13,10 @@ for 1 and 4 concurrent requests:
 * **load GB/s**: a *fresh* manager (as a new engine would be) looks the keys
   up step by step like the scheduler, promotes and loads them; timed from the
   first lookup until every key is HIT in the primary;
+* **CPU s per GB**, store and load: this process's CPU seconds (user + system,
+  every thread: the tier's I/O threads and the driving loop, which makes
+  vLLM's manager calls as the scheduler does) over each window, per GB
+  (:mod:`kvstore_tiers.tools.bench.cpu`);
 * **disk O_DIRECT read/write GB/s**: the machine's own limit, measured in the
   same run on the same directory with the same number of threads as our
   load-priority pool;
@@ -47,6 +51,7 @@ import numpy as np
 from kvstore_tiers.admin.harness import Harness, build_harness, make_keys
 from kvstore_tiers.backends.fs import O_DIRECT, probe_o_direct
 from kvstore_tiers.tools import samples as kv_samples
+from kvstore_tiers.tools.bench.cpu import CpuClock
 from kvstore_tiers.tools.bench.pairing import (
     balanced_ratio,
     even_rounds,
@@ -154,8 +159,9 @@ def _settle(h: Harness) -> None:
 
 
 def store_round(kind: str, root: Path, chunk: int, n: int, n_req: int, seed: int
-                ) -> tuple[float, list[bytes]]:
-    """GB/s of cascading ``n`` chunks (split over ``n_req`` requests) to the tier."""
+                ) -> tuple[float, list[bytes], float]:
+    """(GB/s, keys, process CPU s per GB) of cascading ``n`` chunks (split over
+    ``n_req`` requests) to the tier."""
     h = build_harness([_tier_cfg(kind, root)], num_chunks=n, chunk_bytes=chunk)
     try:
         keys = make_keys(n, seed=seed)
@@ -175,37 +181,80 @@ def store_round(kind: str, root: Path, chunk: int, n: int, n_req: int, seed: int
         # on the build VM's disk. vLLM's tier makes
         # its directories per block, inside the window, as it does in an engine.
         os.sync()
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), CpuClock()
         with h.locked():
             for g, c in zip(groups, ctxs, strict=True):
                 h.manager.complete_store([keys[i] for i in g], c)
         _settle(h)
-        dt = time.perf_counter() - t0
+        dt, cpu_per_gb = time.perf_counter() - t0, cpu.per_gb(n * chunk)
         for c in ctxs:
             h.finish_request(c)
-        return n * chunk / dt / 1e9, keys
+        return n * chunk / dt / 1e9, keys, cpu_per_gb
     finally:
         h.shutdown()
 
 
 def load_round(kind: str, root: Path, chunk: int, keys: list[bytes], n_req: int
-               ) -> tuple[float, int, int]:
-    """(GB/s, scheduler steps from first lookup to all HIT, steps until no RETRY)
-    of a fresh engine
-    promoting ``keys`` (split over ``n_req`` requests)."""
+               ) -> tuple[float, int, int, float]:
+    """(GB/s, scheduler steps from first lookup to all HIT, steps until no
+    RETRY, process CPU s per GB) of a fresh engine promoting ``keys`` (split
+    over ``n_req`` requests)."""
     n = len(keys)
     h = build_harness([_tier_cfg(kind, root)], num_chunks=n, chunk_bytes=chunk)
     try:
         per = n // n_req
         reqs = [(h.new_request(), keys[r * per:(r + 1) * per]) for r in range(n_req)]
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), CpuClock()
         _lookup_steps, steps = promote_all(h, reqs)
-        dt = time.perf_counter() - t0
+        dt, cpu_per_gb = time.perf_counter() - t0, cpu.per_gb(n * chunk)
         for ctx, _ks in reqs:
             h.finish_request(ctx)
-        return n * chunk / dt / 1e9, steps, _lookup_steps
+        return n * chunk / dt / 1e9, steps, _lookup_steps, cpu_per_gb
     finally:
         h.shutdown()
+
+
+def throughput_row(directory: Path, chunk: int, n: int, n_req: int, rounds: int,
+                   disk: dict[str, float]) -> dict[str, Any]:
+    """One throughput cell: ``rounds`` alternating rounds of both tiers storing
+    ``n`` chunks over ``n_req`` requests then loading them in a fresh manager;
+    medians of GB/s, CPU s per GB and steps, paired ratios, and the share of
+    ``disk``'s (the same run's O_DIRECT figures) read and write."""
+    per: dict[str, dict[str, list[float]]] = {
+        k: {"store": [], "load": [], "steps": [], "lookup_steps": [], "store_cpu": [],
+            "load_cpu": []} for k in TIERS}
+    for r in range(rounds):
+        for kind in (TIERS if r % 2 == 0 else reversed(list(TIERS))):
+            root = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-", dir=directory))
+            try:
+                gbps, keys, cpu = store_round(kind, root, chunk, n, n_req, seed=r)
+                per[kind]["store"].append(gbps)
+                per[kind]["store_cpu"].append(cpu)
+                # Let the store's write-back finish before the load
+                # window opens, whichever tier just wrote.
+                os.sync()
+                gbps, steps, lsteps, cpu = load_round(kind, root, chunk, keys, n_req)
+                per[kind]["load"].append(gbps)
+                per[kind]["load_cpu"].append(cpu)
+                per[kind]["steps"].append(steps)
+                per[kind]["lookup_steps"].append(lsteps)
+            finally:
+                shutil.rmtree(root, ignore_errors=True)
+                os.sync()  # the deletes' write-back is no tier's window
+    row: dict[str, Any] = {"chunk_bytes": chunk, "requests": n_req, "chunks": n}
+    for kind in TIERS:
+        for op in ("store", "load"):
+            row[f"{kind}_{op}_gbps"] = statistics.median(per[kind][op])
+            row[f"{kind}_{op}_cpu_s_per_gb"] = statistics.median(per[kind][f"{op}_cpu"])
+        row[f"{kind}_steps_to_hit"] = int(statistics.median(per[kind]["steps"]))
+        row[f"{kind}_lookup_steps"] = int(statistics.median(per[kind]["lookup_steps"]))
+    for op in ("store", "load"):
+        # Paired and balanced for position (kvstore_tiers.tools.bench.pairing).
+        row[f"{op}_ratio"] = balanced_ratio(per["kvstore"][op], per["vllm"][op])
+        row[f"{op}_ratios"] = round_ratios(per["kvstore"][op], per["vllm"][op])
+    row["load_vs_disk_read"] = row["kvstore_load_gbps"] / disk["read_gbps"]
+    row["store_vs_disk_write"] = row["kvstore_store_gbps"] / disk["write_gbps"]
+    return row
 
 
 def reload_rounds(directory: Path, chunk: int, n: int, n_req: int, rounds: int
@@ -455,37 +504,7 @@ def run(directory: Path, chunk_sizes: list[int], total_bytes: int, rounds: int,
         mode = "O_DIRECT" if result["disk_o_direct"] else "buffered (no O_DIRECT here)"
         progress(f"disk {mode} at {chunk // KiB} KiB: {result['disk'][chunk]}")
         for n_req in (1, 4):
-            per: dict[str, dict[str, list[float]]] = {
-                k: {"store": [], "load": [], "steps": [], "lookup_steps": []} for k in TIERS}
-            for r in range(rounds):
-                for kind in (TIERS if r % 2 == 0 else reversed(list(TIERS))):
-                    root = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-", dir=directory))
-                    try:
-                        gbps, keys = store_round(kind, root, chunk, n, n_req, seed=r)
-                        per[kind]["store"].append(gbps)
-                        # Let the store's write-back finish before the load
-                        # window opens, whichever tier just wrote.
-                        os.sync()
-                        gbps, steps, lsteps = load_round(kind, root, chunk, keys, n_req)
-                        per[kind]["load"].append(gbps)
-                        per[kind]["steps"].append(steps)
-                        per[kind]["lookup_steps"].append(lsteps)
-                    finally:
-                        shutil.rmtree(root, ignore_errors=True)
-                        os.sync()  # the deletes' write-back is no tier's window
-            row = {"chunk_bytes": chunk, "requests": n_req, "chunks": n}
-            for kind in TIERS:
-                for op in ("store", "load"):
-                    row[f"{kind}_{op}_gbps"] = statistics.median(per[kind][op])
-                row[f"{kind}_steps_to_hit"] = int(statistics.median(per[kind]["steps"]))
-                row[f"{kind}_lookup_steps"] = int(statistics.median(per[kind]["lookup_steps"]))
-            for op in ("store", "load"):
-                # Paired and balanced for position (kvstore_tiers.tools.bench.pairing).
-                row[f"{op}_ratio"] = balanced_ratio(per["kvstore"][op], per["vllm"][op])
-                row[f"{op}_ratios"] = round_ratios(per["kvstore"][op], per["vllm"][op])
-            row["load_vs_disk_read"] = row["kvstore_load_gbps"] / result["disk"][chunk]["read_gbps"]
-            row["store_vs_disk_write"] = (row["kvstore_store_gbps"]
-                                          / result["disk"][chunk]["write_gbps"])
+            row = throughput_row(directory, chunk, n, n_req, rounds, result["disk"][chunk])
             result["throughput"].append(row)
             progress(f"{chunk // KiB} KiB x{n_req}: " + ", ".join(
                 f"{k}={v:.3f}" for k, v in row.items() if isinstance(v, float)))

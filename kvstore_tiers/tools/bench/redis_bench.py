@@ -25,6 +25,10 @@ write keys outside any prefix), every key both wrote is deleted afterwards,
 and the memory measurement (a ``used_memory`` delta) is skipped. The URL may
 carry credentials; reports show only host, port and database.
 
+CPU seconds per GB (:mod:`kvstore_tiers.tools.bench.cpu`): the tier's, and
+with ``url`` the redis-py loop's; redis-benchmark and redis-server are other
+processes, not counted.
+
 Returns a dict of the numbers (:mod:`kvstore_tiers.tools.bench.tables` prints it).
 """
 
@@ -50,6 +54,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from kvstore_tiers.tools import samples
+from kvstore_tiers.tools.bench.cpu import CpuClock
 from kvstore_tiers.tools.bench.pairing import balanced_ratio, even_rounds, round_ratios
 
 MiB = 1 << 20
@@ -133,6 +138,8 @@ def tier_round(h: Any, rows: np.ndarray, seed: int) -> dict[str, float]:
     Store: timed from ``complete_store`` (the cascade to the tier is
     submitted) until the job's result is consumed -- the rows are written
     into the primary before the clock starts (that is the GPU worker's part).
+    Each window also gives this process's CPU seconds per GB
+    (``*_cpu_s_per_gb``: :class:`~kvstore_tiers.tools.bench.cpu.CpuClock`).
 
     The load is done twice from the same stored keys (the primary forgets
     them in between), alternating which goes first:
@@ -156,10 +163,10 @@ def tier_round(h: Any, rows: np.ndarray, seed: int) -> dict[str, float]:
         view = h.view
         for cid, i in zip(np.asarray(out.store_spec.chunk_ids), range(len(keys)), strict=True):
             view[int(cid)] = rows[i]
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), CpuClock()
         h.manager.complete_store(list(keys), ctx)
     h.settle()
-    t_store = time.perf_counter() - t0
+    t_store, store_cpu = time.perf_counter() - t0, cpu.per_gb(nbytes)
     h.finish_request(ctx)
 
     def check(ctx: Any) -> int:
@@ -170,22 +177,24 @@ def tier_round(h: Any, rows: np.ndarray, seed: int) -> dict[str, float]:
             raise AssertionError("tier returned different bytes")
         return sum(r.name == "HIT" for r in results)
 
-    def end_to_end() -> tuple[float, int]:
+    def end_to_end() -> tuple[float, float, int]:
         h.forget_primary()
         ctx = h.new_request()
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), CpuClock()
         h.lookup_until_resolved(keys, ctx)
-        t = time.perf_counter() - t0
-        return t, check(ctx)
+        t, cpu_per_gb = time.perf_counter() - t0, cpu.per_gb(nbytes)
+        return t, cpu_per_gb, check(ctx)
 
-    def transfer_only() -> tuple[float, int]:
+    def transfer_only() -> tuple[float, float, int]:
         h.forget_primary()
         ctx = h.new_request()
         submitted: list[float] = []
+        cpu_at_submit: list[CpuClock] = []
         submit_load = tier.submit_load
 
         def timed_submit(job: Any) -> None:
             submitted.append(time.perf_counter())
+            cpu_at_submit.append(CpuClock())
             submit_load(job)
 
         tier.submit_load = timed_submit
@@ -199,16 +208,19 @@ def tier_round(h: Any, rows: np.ndarray, seed: int) -> dict[str, float]:
                 h.step()
                 time.sleep(0.0005)
             tier._pool.wait_idle()
-            t = time.perf_counter() - submitted[0]
+            t, cpu_per_gb = time.perf_counter() - submitted[0], cpu_at_submit[0].per_gb(nbytes)
         finally:
             del tier.submit_load
-        return t, check(ctx)
+        return t, cpu_per_gb, check(ctx)
 
     windows = (end_to_end, transfer_only) if seed % 2 else (transfer_only, end_to_end)
     measured = {fn.__name__: fn() for fn in windows}
-    (t_e2e, hits), (t_xfer, _) = measured["end_to_end"], measured["transfer_only"]
+    (t_e2e, e2e_cpu, hits), (t_xfer, xfer_cpu, _) = (measured["end_to_end"],
+                                                     measured["transfer_only"])
     return {"set": nbytes / t_store / MiB, "get": nbytes / t_e2e / MiB,
-            "get_transfer": nbytes / t_xfer / MiB, "hits": hits}
+            "get_transfer": nbytes / t_xfer / MiB, "hits": hits,
+            "set_cpu_s_per_gb": store_cpu, "get_cpu_s_per_gb": e2e_cpu,
+            "get_transfer_cpu_s_per_gb": xfer_cpu}
 
 
 @contextlib.contextmanager
@@ -302,6 +314,7 @@ def bandwidth(block_bytes: int, blocks: int, rounds: int, threads: int,
         "redis_benchmark_keys_get_MiBps": med(bench_keys, "get"),
         "tier_set_MiBps": med(tier, "set"), "tier_get_MiBps": med(tier, "get"),
         "tier_get_transfer_MiBps": med(tier, "get_transfer"),
+        **_tier_cpu(tier),
     }
     for op, base_op in (("set", "set"), ("get", "get"), ("get_transfer", "get")):
         for suffix, base in (("", bench), ("_keys", bench_keys)):
@@ -365,11 +378,18 @@ def _delete_prefix(client: Any, prefix: str) -> None:
         client.delete(*batch)
 
 
+def _tier_cpu(tier: list[dict[str, float]]) -> dict[str, float]:
+    """The tier's CPU s per GB of each window, median of rounds (redis-server's not counted)."""
+    return {f"tier_{op}_cpu_s_per_gb": statistics.median(t[f"{op}_cpu_s_per_gb"] for t in tier)
+            for op in ("set", "get", "get_transfer")}
+
+
 def raw_client_round(url: str, prefix: str, rows: np.ndarray, clients: int, batch: int
                      ) -> dict[str, float]:
     """MiB/s of SET then GET of ``rows`` by a plain redis-py loop: ``clients``
     threads, one connection each, pipelines of ``batch`` commands, keys under
-    ``prefix`` (the baseline on a server this benchmark did not start)."""
+    ``prefix`` (the baseline on a server this benchmark did not start); and
+    this process's CPU s per GB of each (``set_cpu_s_per_gb``, ``get_cpu_s_per_gb``)."""
     import redis
 
     pool = redis.ConnectionPool.from_url(url, max_connections=clients)
@@ -377,7 +397,7 @@ def raw_client_round(url: str, prefix: str, rows: np.ndarray, clients: int, batc
     keys = [f"{prefix}{i:06d}" for i in range(len(rows))]
     parts = [range(c, len(rows), clients) for c in range(clients)]
 
-    def run(op: str) -> float:
+    def run(op: str) -> tuple[float, float]:
         def work(idx: range) -> int:
             got = 0
             ids = list(idx)
@@ -393,16 +413,18 @@ def raw_client_round(url: str, prefix: str, rows: np.ndarray, clients: int, batc
                     got += sum(len(v) for v in out if v is not None)
             return got
 
-        t0 = time.perf_counter()
+        t0, cpu = time.perf_counter(), CpuClock()
         with ThreadPoolExecutor(clients) as ex:
             got = sum(ex.map(work, parts))
-        dt = time.perf_counter() - t0
+        dt, cpu_per_gb = time.perf_counter() - t0, cpu.per_gb(rows.nbytes)
         if op == "get" and got != rows.nbytes:
             raise RuntimeError(f"raw GET returned {got} of {rows.nbytes} bytes")
-        return rows.nbytes / dt / MiB
+        return rows.nbytes / dt / MiB, cpu_per_gb
 
     try:
-        return {"set": run("set"), "get": run("get")}
+        (set_mibps, set_cpu), (get_mibps, get_cpu) = run("set"), run("get")
+        return {"set": set_mibps, "get": get_mibps, "set_cpu_s_per_gb": set_cpu,
+                "get_cpu_s_per_gb": get_cpu}
     finally:
         _delete_prefix(client, prefix)
         pool.disconnect()
@@ -454,6 +476,9 @@ def external_bandwidth(url: str, block_bytes: int, blocks: int, rounds: int, thr
         "raw_client_set_MiBps": med(raw, "set"), "raw_client_get_MiBps": med(raw, "get"),
         "tier_set_MiBps": med(tier, "set"), "tier_get_MiBps": med(tier, "get"),
         "tier_get_transfer_MiBps": med(tier, "get_transfer"),
+        **_tier_cpu(tier),
+        "raw_client_set_cpu_s_per_gb": med(raw, "set_cpu_s_per_gb"),
+        "raw_client_get_cpu_s_per_gb": med(raw, "get_cpu_s_per_gb"),
     }
     for op, base_op in (("set", "set"), ("get", "get"), ("get_transfer", "get")):
         ours, theirs = [t[op] for t in tier], [b[base_op] for b in raw]

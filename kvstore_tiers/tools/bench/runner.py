@@ -2,12 +2,13 @@
 returns one result dict (the command prints it with :mod:`.tables`, writes it
 as JSON and plots it with :mod:`.plots`).
 
-Nothing is measured here: :mod:`.fs_bench` (ours vs vLLM's stock fs tier, disk
-O_DIRECT, steps to HIT, scheduler-thread cost, codecs on real KV),
-:mod:`.redis_bench` (tier vs redis-benchmark on its own server, or vs a
-redis-py loop on the user's) and :mod:`.s3_bench` (tier vs a raw aiobotocore
-loop on its own moto or the user's bucket) do it, each against its own
-baseline in the same run.
+The measurements are :mod:`.fs_bench`'s (ours vs vLLM's stock fs tier, disk
+O_DIRECT, CPU per GB, steps to HIT, scheduler-thread cost, codecs on real
+KV), :mod:`.redis_bench`'s (tier vs redis-benchmark on its own server, or vs
+a redis-py loop on the user's) and :mod:`.s3_bench`'s (tier vs a raw
+aiobotocore loop on its own moto or the user's bucket), each against its own
+baseline in the same run; first, :func:`.cpu.reference` measures this
+machine's memcpy and CRC-32C, the reference of every load figure.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ class BenchPlan:
     #: redis-benchmark moves run to run by +-50 % on 2 cores: at least this many rounds.
     redis_min_rounds: int = 5
     s3_blocks: int = 64
+    #: Bytes of the memcpy and CRC-32C reference (:func:`.cpu.reference`), MiB.
+    reference_mib: int = 256
     directory: Path = field(default_factory=lambda: Path(".bench-kvstore"))
     samples_dir: Path | None = None
     #: The user's Redis (None: start one). May hold a password: never in a report.
@@ -109,13 +112,15 @@ def machine_info() -> dict[str, Any]:
 
 
 def run(plan: BenchPlan, progress: Callable[[str], None] = print) -> dict[str, Any]:
-    """Run the plan; returns ``{"plan", "machine", "fs"?, "redis"?, "s3"?, "seconds"}``."""
-    from kvstore_tiers.tools.bench import fs_bench
+    """Run the plan; returns ``{"plan", "machine", "reference", "fs"?, "redis"?, "s3"?,
+    "seconds"}`` (``reference``: this machine's single-thread memcpy and CRC-32C GB/s)."""
+    from kvstore_tiers.tools.bench import cpu, fs_bench
 
     t0 = time.time()
     result: dict[str, Any] = {
         "plan": describe(plan), "machine": machine_info(), "code": code_info(),
         "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "reference": cpu.reference(plan.reference_mib * MiB),
     }
     if "fs" in plan.tiers:
         directory = plan.directory

@@ -22,6 +22,10 @@ same run and against the same server:
 3. **Lookup cost.** A second engine (empty presence index) looks up stored
    and absent blocks: HTTP requests sent per looked-up block.
 
+CPU seconds per GB (:mod:`kvstore_tiers.tools.bench.cpu`) of the tier's
+windows and the aiobotocore loop's PUTs and GETs; the server (moto, or
+yours) is not counted.
+
 Returns a dict of the numbers (:mod:`kvstore_tiers.tools.bench.tables` prints it).
 """
 
@@ -41,6 +45,7 @@ from typing import Any
 import numpy as np
 
 from kvstore_tiers.tools import samples
+from kvstore_tiers.tools.bench.cpu import CpuClock
 
 MiB = 1 << 20
 FAKE_KEYS = {"aws_access_key_id": "AKIABENCHFAKE0000000", "aws_secret_access_key": "bench"}
@@ -86,8 +91,9 @@ def _gbps(nbytes: int, seconds: float) -> float:
 # -- baselines ---------------------------------------------------------------------
 async def _aio_round(endpoint: str | None, region: str | None, creds: dict[str, str],
                      bucket: str, keys: list[str], body: bytes, concurrency: int
-                     ) -> tuple[float, float]:
-    """(put seconds, get seconds) of a plain aiobotocore loop."""
+                     ) -> tuple[float, float, float, float]:
+    """(put seconds, get seconds, put CPU s per GB, get CPU s per GB) of a plain
+    aiobotocore loop."""
     from aiobotocore.config import AioConfig
     from aiobotocore.session import get_session
 
@@ -108,13 +114,14 @@ async def _aio_round(endpoint: str | None, region: str | None, creds: dict[str, 
                 async with r["Body"] as s:
                     return bytes(await s.read())
 
-        t0 = time.perf_counter()
+        nbytes = len(keys) * len(body)
+        t0, cpu = time.perf_counter(), CpuClock()
         await asyncio.gather(*(put(k) for k in keys))
-        t1 = time.perf_counter()
+        t1, put_cpu, cpu = time.perf_counter(), cpu.per_gb(nbytes), CpuClock()
         got = await asyncio.gather(*(get(k) for k in keys))
-        t2 = time.perf_counter()
+        t2, get_cpu = time.perf_counter(), cpu.per_gb(nbytes)
         assert all(len(g) == len(body) for g in got)
-        return t1 - t0, t2 - t1
+        return t1 - t0, t2 - t1, put_cpu, get_cpu
 
 
 def _threads_round(endpoint: str | None, region: str | None, creds: dict[str, str],
@@ -142,8 +149,9 @@ def _threads_round(endpoint: str | None, region: str | None, creds: dict[str, st
 
 # -- the tier --------------------------------------------------------------------------
 def _tier_round(cfg: dict[str, Any], blocks: int, block_bytes: int, seed: int
-                ) -> tuple[float, float, float, dict[str, int]]:
-    """(store s, end-to-end load s, transfer-only load s, request counts) through vLLM's manager.
+                ) -> tuple[float, float, float, dict[str, int], dict[str, float]]:
+    """(store s, end-to-end load s, transfer-only load s, request counts, this
+    process's CPU s per GB of each window) through vLLM's manager.
 
     The load is done twice from the same stored objects (the primary forgets
     them in between), once per window:
@@ -170,10 +178,12 @@ def _tier_round(cfg: dict[str, Any], blocks: int, block_bytes: int, seed: int
     try:
         keys = make_keys(blocks, seed=seed)
         rows = np.random.default_rng(seed).integers(0, 256, (blocks, block_bytes), np.uint8)
-        t0 = time.perf_counter()
+        nbytes = rows.nbytes
+        cpu_per_gb: dict[str, float] = {}
+        t0, cpu = time.perf_counter(), CpuClock()
         ctx = h.store(keys, rows)
         h.settle(timeout_s=600)
-        t1 = time.perf_counter()
+        t1, cpu_per_gb["tier_store"] = time.perf_counter(), cpu.per_gb(nbytes)
         h.finish_request(ctx)
         tier = h.tiers[0]
         assert tier.counters.objects_stored == blocks, tier.counters
@@ -187,9 +197,9 @@ def _tier_round(cfg: dict[str, Any], blocks: int, block_bytes: int, seed: int
             # Lookup -> all HIT, polled like the scheduler.
             h.forget_primary()
             ctx = h.new_request()
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), CpuClock()
             results, _ = h.lookup_until_resolved(keys, ctx, max_steps=100_000)
-            t = time.perf_counter() - t
+            t, cpu_per_gb["tier_load"] = time.perf_counter() - t, cpu.per_gb(nbytes)
             check(results, ctx)
             return t
 
@@ -200,10 +210,10 @@ def _tier_round(cfg: dict[str, Any], blocks: int, block_bytes: int, seed: int
             with h.locked():
                 first = [h.manager.lookup(k, ctx) for k in keys]
             assert LookupResult.HIT not in first, first
-            t = time.perf_counter()
+            t, cpu = time.perf_counter(), CpuClock()
             h.step()  # on_schedule_end: vLLM submits the batched promotion (submit_load)
             tier._pool.wait_idle()
-            t = time.perf_counter() - t
+            t, cpu_per_gb["tier_load_transfer"] = time.perf_counter() - t, cpu.per_gb(nbytes)
             results, _ = h.lookup_until_resolved(keys, ctx, max_steps=100_000)
             check(results, ctx)
             return t
@@ -213,7 +223,7 @@ def _tier_round(cfg: dict[str, Any], blocks: int, block_bytes: int, seed: int
             xfer, e2e = transfer_only(), end_to_end()
         else:
             e2e, xfer = end_to_end(), transfer_only()
-        return t1 - t0, e2e, xfer, dict(tier.backend.requests)
+        return t1 - t0, e2e, xfer, dict(tier.backend.requests), cpu_per_gb
     finally:
         h.shutdown()
 
@@ -329,17 +339,24 @@ def run(endpoint: str | None = None, bucket: str | None = None, blocks: int = 12
             "tier_store", "tier_load", "tier_load_transfer", "aio_put", "aio_get",
             "threads_put", "threads_get")}
         ratios: dict[str, list[float]] = {"store": [], "load": [], "load_transfer": []}
+        cpu: dict[str, list[float]] = {k: [] for k in (
+            "tier_store", "tier_load", "tier_load_transfer", "aio_put", "aio_get")}
         requests: dict[str, int] = {}
         for r in range(rounds):
             rp = f"{root}round-{r}/"
-            s, lo, lx, requests = _tier_round({**base_cfg, "prefix": rp + "tier/",
-                                               "compression": "none"}, blocks, block_bytes, r)
+            s, lo, lx, requests, tier_cpu = _tier_round(
+                {**base_cfg, "prefix": rp + "tier/", "compression": "none"}, blocks,
+                block_bytes, r)
+            for k, v in tier_cpu.items():
+                cpu[k].append(v)
             times["tier_store"].append(s)
             times["tier_load"].append(lo)
             times["tier_load_transfer"].append(lx)
             keys = [f"{rp}aio/{i:06d}.kvf" for i in range(blocks)]
-            p, g = asyncio.run(_aio_round(endpoint, region, creds, bucket, keys, body,
-                                          concurrency))
+            p, g, put_cpu, get_cpu = asyncio.run(_aio_round(endpoint, region, creds, bucket,
+                                                            keys, body, concurrency))
+            cpu["aio_put"].append(put_cpu)
+            cpu["aio_get"].append(get_cpu)
             times["aio_put"].append(p)
             times["aio_get"].append(g)
             # Per-round ratios (tier and raw loop back to back): less noisy than
@@ -359,6 +376,8 @@ def run(endpoint: str | None = None, bucket: str | None = None, blocks: int = 12
             "blocks": blocks, "block_bytes": block_bytes, "concurrency": concurrency,
             "rounds": rounds,
             "gbps": gb,
+            #: This process's CPU seconds per GB, median of rounds (moto's not counted).
+            "cpu_s_per_gb": {k: statistics.median(v) for k, v in cpu.items()},
             "tier_vs_raw_aio": {"store": gb["tier_store"] / gb["aio_put"],
                                 "load": gb["tier_load"] / gb["aio_get"],
                                 "load_transfer": gb["tier_load_transfer"] / gb["aio_get"]},

@@ -53,12 +53,48 @@ def _reload_table(rows: list[dict[str, Any]]) -> Any:
     return t
 
 
+def _reference_table(ref: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    t = Table(title=f"this machine, one thread, {_size(ref['bytes'])} of incompressible "
+              f"bytes (GB/s, best of {ref['repeats']})")
+    for col in ("reference", "GB/s"):
+        t.add_column(col, justify="right")
+    t.add_row("memcpy (numpy copyto)", f"{ref['memcpy_gbps']:.2f}")
+    t.add_row("CRC-32C (crc32c package)", f"{ref['crc32c_gbps']:.2f}")
+    return t
+
+
+def _cpu(v: float | None) -> str:
+    return f"{v:.2f}" if v is not None else "-"
+
+
+def _cpu_table(rows: list[dict[str, Any]], ref: dict[str, Any] | None) -> Any:
+    from rich.table import Table
+
+    t = Table(title="fs: process CPU seconds (user + system, every thread) per GB moved, "
+              "median of rounds; load GB/s as a fraction of one thread's memcpy")
+    for col in ("chunk", "reqs", "store CPU s/GB ours", "vLLM", "load CPU s/GB ours", "vLLM",
+                "load/memcpy ours", "vLLM"):
+        t.add_column(col, justify="right")
+    memcpy = ref["memcpy_gbps"] if ref else None
+    for r in rows:
+        frac = [f"{r[f'{k}_load_gbps'] / memcpy:.0%}" if memcpy else "-"
+                for k in ("kvstore", "vllm")]
+        t.add_row(_size(r["chunk_bytes"]), str(r["requests"]),
+                  *(_cpu(r.get(f"{k}_{op}_cpu_s_per_gb")) for op in ("store", "load")
+                    for k in ("kvstore", "vllm")), *frac)
+    return t
+
+
 def print_tables(result: dict[str, Any], console: Any = None) -> None:
     """Rich tables of everything in ``result``: each number beside its baseline."""
     from rich.console import Console
     from rich.table import Table
 
     console = console or Console()
+    if result.get("reference"):
+        console.print(_reference_table(result["reference"]))
     if result.get("engine"):
         for table in engine_tables(result["engine"]):
             console.print(table)
@@ -84,6 +120,7 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
                       f"{r.get('kvstore_lookup_steps', '?')}/{r.get('vllm_lookup_steps', '?')}",
                       f"{r.get('kvstore_steps_to_hit', '?')}/{r.get('vllm_steps_to_hit', '?')}")
         console.print(t)
+        console.print(_cpu_table(fs["throughput"], result.get("reference")))
         if fs.get("reload"):
             console.print(_reload_table(fs["reload"]))
         for section, phase in (("scheduler", "the waves fix the GC's phase"),
@@ -125,15 +162,18 @@ def _redis_table(b: dict[str, Any]) -> Any:
     suffix = "_keys" if own else "_raw"
     t = Table(title=f"redis on {b.get('server', 'a local redis-server')}: tier vs {col} "
               f"({b['block_bytes'] // KiB} KiB values, MiB/s, median of rounds; "
-              "x: balanced over AB/BA round pairs)")
-    for name in ("op", "tier", col, "x"):
+              "x: balanced over AB/BA round pairs; CPU: this process's s per GB)")
+    for name in ("op", "tier", col, "x", "CPU s/GB tier", "CPU s/GB baseline"):
         t.add_column(name, justify="right")
     for op in ("set", "get"):
         t.add_row(op.upper(), f"{b[f'tier_{op}_MiBps']:.0f}", f"{b[f'{base}_{op}_MiBps']:.0f}",
-                  f"{b[f'{op}_ratio{suffix}']:.2f}")
+                  f"{b[f'{op}_ratio{suffix}']:.2f}", _cpu(b.get(f"tier_{op}_cpu_s_per_gb")),
+                  _cpu(b.get(f"raw_client_{op}_cpu_s_per_gb")))
     if "tier_get_transfer_MiBps" in b:
         t.add_row("GET, transfer only", f"{b['tier_get_transfer_MiBps']:.0f}",
-                  f"{b[f'{base}_get_MiBps']:.0f}", f"{b[f'get_transfer_ratio{suffix}']:.2f}")
+                  f"{b[f'{base}_get_MiBps']:.0f}", f"{b[f'get_transfer_ratio{suffix}']:.2f}",
+                  _cpu(b.get("tier_get_transfer_cpu_s_per_gb")),
+                  _cpu(b.get("raw_client_get_cpu_s_per_gb")))
     return t
 
 
@@ -156,14 +196,19 @@ def _s3_tables(s3: dict[str, Any]) -> list[Any]:
     t = Table(title=f"s3 on {s3['server']}: tier vs raw aiobotocore (GB/s, "
               f"{s3['blocks']} blocks of {_size(s3['block_bytes'])}, concurrency "
               f"{s3['concurrency']}, median of {s3['rounds']} rounds)")
-    for col in ("op", "tier", "raw aiobotocore", "tier / raw", "boto3 threads"):
+    for col in ("op", "tier", "raw aiobotocore", "tier / raw", "boto3 threads",
+                "CPU s/GB tier", "CPU s/GB raw"):
         t.add_column(col, justify="right")
+    c = s3.get("cpu_s_per_gb", {})
     t.add_row("store/PUT", f"{g['tier_store']:.3f}", f"{g['aio_put']:.3f}",
-              f"{g['tier_store'] / g['aio_put']:.2f}", f"{g['threads_put']:.3f}")
+              f"{g['tier_store'] / g['aio_put']:.2f}", f"{g['threads_put']:.3f}",
+              _cpu(c.get("tier_store")), _cpu(c.get("aio_put")))
     t.add_row("load/GET", f"{g['tier_load']:.3f}", f"{g['aio_get']:.3f}",
-              f"{g['tier_load'] / g['aio_get']:.2f}", f"{g['threads_get']:.3f}")
+              f"{g['tier_load'] / g['aio_get']:.2f}", f"{g['threads_get']:.3f}",
+              _cpu(c.get("tier_load")), _cpu(c.get("aio_get")))
     t.add_row("load/GET, transfer only", f"{g['tier_load_transfer']:.3f}", f"{g['aio_get']:.3f}",
-              f"{g['tier_load_transfer'] / g['aio_get']:.2f}", "")
+              f"{g['tier_load_transfer'] / g['aio_get']:.2f}", "",
+              _cpu(c.get("tier_load_transfer")), _cpu(c.get("aio_get")))
     out = [t]
     lk = s3.get("lookup")
     extra = Table(title="s3 lookup cost and bytes per block (real KV samples)")
