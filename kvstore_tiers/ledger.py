@@ -20,6 +20,8 @@ again). The request whose load failed holds the verdict until it finishes,
 so a doomed promotion is never retried in a loop (vLLM #49176). Unlike
 ``mark_miss``, which only reaches keys with a cached probe, the verdict also
 covers keys this process stored itself (answered from the presence index).
+A load cancelled before it started (``drain_jobs``) is no failed load: it
+never reached the backend, so its keys get no verdict.
 """
 
 from __future__ import annotations
@@ -253,12 +255,18 @@ class Ledger:
         c.stored_bytes_read += s.frame_bytes
         if not s.bad:
             return
-        for key in s.bad:
+        c.transfers_cancelled += s.cancelled
+        # A cancelled slot (drain_jobs: reset_cache, sleep) never reached the
+        # backend: its object is as good as before, so it keeps its place in
+        # the index and gets no MISS verdict; the next lookup promotes it again.
+        failed = _without(s.bad, s.cancelled_keys) if s.cancelled else s.bad
+        if not failed:
+            return
+        for key in failed:
             self.presence.discard(key)
         c.load_misses += s.missing
         c.corrupt_objects += s.corrupt
         c.load_failures += s.transient
-        c.transfers_cancelled += s.cancelled
         if s.corrupt:
             self.warn.warning(
                 "corrupt", "kvstore tier %s: rejected %d corrupt object(s) (%s); removed, "
@@ -269,7 +277,7 @@ class Ledger:
                 "load-failed", "kvstore tier %s: %d load(s) failed: %s",
                 self.label, s.transient, s.first_error,
             )
-        self._hold_verdicts(job.req_id, s.bad)
+        self._hold_verdicts(job.req_id, failed)
 
     # -- inspection ----------------------------------------------------------------------
     def gauges(self, queued_chunks: int, store_bytes_in_flight: int, evicted_objects: int
@@ -297,3 +305,9 @@ class Ledger:
                            "counters": self.counters.as_dict()}, f, indent=2)
         except OSError as exc:
             logger.warning("kvstore tier %s: could not write stats file: %s", self.label, exc)
+
+
+def _without(keys: list[bytes], dropped: Collection[bytes]) -> list[bytes]:
+    """``keys`` less those in ``dropped``, in order."""
+    gone = set(dropped)
+    return [k for k in keys if k not in gone]
