@@ -59,7 +59,7 @@ from kvstore_tiers.config import TierConfig, validate_config
 from kvstore_tiers.health import BreakerState
 from kvstore_tiers.ledger import Ledger
 from kvstore_tiers.metrics import metric_definitions
-from kvstore_tiers.shm import sweep_stale_regions
+from kvstore_tiers.shm import sweep_once
 from kvstore_tiers.transfers import ExistenceCheck, Job, PrimaryRows, TouchJob, TransferContext
 
 if TYPE_CHECKING:
@@ -115,7 +115,7 @@ class KVStoreTier(SecondaryTierManager):
         from kvstore_tiers.log import attach_to_vllm_logging
 
         attach_to_vllm_logging()
-        sweep_stale_regions()  # regions of killed engines would leak /dev/shm
+        sweep_once()  # regions of killed engines would leak /dev/shm
         remote = self.backend_cls.remote
         config: TierConfig = validate_config(self.backend_cls.config_model, tier_type,
                                              tier_kwargs)
