@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Collection
 
 from vllm.v1.kv_offload.base import Locality, Medium, OffloadingEvent
@@ -73,6 +74,9 @@ class Ledger:
         #: ``skip_counter``; set by the tier with its policy).
         self.skip_counter: str | None = None
         self.warn = RateLimitedLogger(logger, interval_s=30.0)
+        #: Where the tier's backpressure detector takes a verdict per failed store
+        #: job reported (:mod:`kvstore_tiers.backpressure`); None: it takes none.
+        self.failed_stores: deque[bool | None] | None = None
 
     # -- refused at submit -------------------------------------------------------------
     def refused(self, job_id: int, req_id: str, keys: Collection[bytes], is_load: bool
@@ -82,7 +86,14 @@ class Ledger:
             self.fail_loads(req_id, keys)
         else:
             self.counters.stores_dropped += len(keys)
+            self._failed_store(True)
         return JobResult(job_id=job_id, success=False)
+
+    def _failed_store(self, verdict: bool | None) -> None:
+        """A failed store job is reported: a failure of the tier (True), one the
+        backend answered in part (False) or a cancelled one (None)."""
+        if self.failed_stores is not None:
+            self.failed_stores.append(verdict)
 
     def fail_loads(self, req_id: str, keys: Collection[bytes]) -> None:
         """Count ``keys`` as failed loads of request ``req_id`` and give them a MISS verdict."""
@@ -156,7 +167,8 @@ class Ledger:
         assert s.result is not None
         # A job the policy admitted none of records (0, 0): it proves nothing,
         # and a half-open circuit probes again with the next job.
-        self.breaker.record_keys(len(s.ok) + s.missing + s.corrupt, s.transient)
+        answered = len(s.ok) + s.missing + s.corrupt
+        self.breaker.record_keys(answered, s.transient)
         if job.skips != job.n_slots:  # one that wrote nothing is no store's latency
             self.metrics.observe("load_seconds" if job.is_load else "store_seconds",
                                  time.monotonic() - job.submit_time)
@@ -166,6 +178,8 @@ class Ledger:
         else:
             self._apply_store(job, s)
             job.release()
+            if not result.success:  # as the breaker counts it: cancelled ones neither way
+                self._failed_store(False if answered else (True if s.transient else None))
         return result
 
     def failed(self, job: Job) -> JobResult:
@@ -179,6 +193,7 @@ class Ledger:
             self.presence.discard_receipt(job.keys, job)
             self._evicted_in_flight.difference_update(job.keys)  # no stored event follows
             job.release()
+            self._failed_store(True)
         return JobResult(job_id=job.job_id, success=False)
 
     def expired(self, job: Job) -> JobResult:

@@ -54,6 +54,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, Tra
 
 from kvstore_tiers import assembly
 from kvstore_tiers.backends.base import Backend
+from kvstore_tiers.backpressure import BreakerCountedDetector
 from kvstore_tiers.codecs import resolve_compression
 from kvstore_tiers.config import TierConfig, validate_config
 from kvstore_tiers.health import BreakerState
@@ -151,6 +152,8 @@ class KVStoreTier(SecondaryTierManager):
                                                     self._block_size_bytes)
         if self._admission is not None:
             ledger.skip_counter = self._admission.skip_counter
+        if isinstance(self.bp_detector, BreakerCountedDetector):
+            ledger.failed_stores = self.bp_detector.failed_stores
         #: Load jobs with a deadline still in flight (scanned by get_finished_jobs).
         self._deadlined: dict[int, Job] = {}
         self._ready: deque[JobResult] = deque()  # refused at submit, reported next poll
