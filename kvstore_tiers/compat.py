@@ -25,18 +25,22 @@ def make_default_remote_detector(tier_type: str, failure_threshold: int) -> Any 
 
     vLLM's defaults are keyed on the type string ("fs"/"obj" get a failure
     threshold, "s3"/"redis" do not), so remote tiers that were given no
-    ``backpressure`` dict get this one. None if vLLM has no such class.
+    ``backpressure`` dict get this one. Where vLLM feeds it failed stores
+    (0.33), it is a :class:`~kvstore_tiers.backpressure.BreakerCountedDetector`
+    with ``failure_threshold``. None if vLLM has no such class.
     """
     try:
         from vllm.v1.kv_offload.tiering.backpressure import EMABackpressureDetector
     except Exception:
         return None
     kwargs: dict[str, Any] = dict(EMABackpressureDetector.default_config("obj", locality="REMOTE"))
-    if detector_accepts_failure_threshold():
-        kwargs["failure_threshold"] = failure_threshold
-    else:
+    if not detector_accepts_failure_threshold():
         kwargs.pop("failure_threshold", None)
-    return EMABackpressureDetector(**kwargs)
+        return EMABackpressureDetector(**kwargs)
+    from kvstore_tiers.backpressure import BreakerCountedDetector
+
+    kwargs["failure_threshold"] = failure_threshold
+    return BreakerCountedDetector(**kwargs)
 
 
 def declare_histogram(stats: Any, name: str, labelvalues: tuple[str, ...]) -> None:

@@ -20,6 +20,8 @@ again). The request whose load failed holds the verdict until it finishes,
 so a doomed promotion is never retried in a loop (vLLM #49176). Unlike
 ``mark_miss``, which only reaches keys with a cached probe, the verdict also
 covers keys this process stored itself (answered from the presence index).
+A load cancelled before it started (``drain_jobs``) is no failed load: it
+never reached the backend, so its keys get no verdict.
 """
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable, Collection
+from typing import Any
 
 from vllm.v1.kv_offload.base import Locality, Medium, OffloadingEvent
 from vllm.v1.kv_offload.tiering.base import JobResult
 
+from kvstore_tiers.backpressure import BreakerCountedDetector
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.health import BreakerState, CircuitBreaker
 from kvstore_tiers.job import Job
@@ -53,7 +57,7 @@ class Ledger:
     """Scheduler-side state of one tier and the rules that update it."""
 
     def __init__(self, label: str, config: TierConfig, row_bytes: int,
-                 events: list[OffloadingEvent] | None) -> None:
+                 events: list[OffloadingEvent] | None, detector: Any = None) -> None:
         self.label = label
         self.row_bytes = row_bytes
         self.load_timeout_s = config.load_timeout_s
@@ -77,6 +81,10 @@ class Ledger:
         #: declined blocks of is reported.
         self.report_admission: Callable[[TierCounters], None] | None = None
         self.warn = RateLimitedLogger(logger, interval_s=30.0)
+        #: Where the tier's backpressure detector takes a verdict per failed store
+        #: job reported (:mod:`kvstore_tiers.backpressure`); None: it takes none.
+        self.failed_stores: deque[bool | None] | None = (
+            detector.failed_stores if isinstance(detector, BreakerCountedDetector) else None)
 
     # -- refused at submit -------------------------------------------------------------
     def refused(self, job_id: int, req_id: str, keys: Collection[bytes], is_load: bool
@@ -86,7 +94,14 @@ class Ledger:
             self.fail_loads(req_id, keys)
         else:
             self.counters.stores_dropped += len(keys)
+            self._failed_store(True)
         return JobResult(job_id=job_id, success=False)
+
+    def _failed_store(self, verdict: bool | None) -> None:
+        """A failed store job is reported: a failure of the tier (True), one the
+        backend answered in part (False) or a cancelled one (None)."""
+        if self.failed_stores is not None:
+            self.failed_stores.append(verdict)
 
     def fail_loads(self, req_id: str, keys: Collection[bytes]) -> None:
         """Count ``keys`` as failed loads of request ``req_id`` and give them a MISS verdict."""
@@ -165,7 +180,8 @@ class Ledger:
         assert s.result is not None
         # A job the policy admitted none of records (0, 0): it proves nothing,
         # and a half-open circuit probes again with the next job.
-        self.breaker.record_keys(len(s.ok) + s.missing + s.corrupt, s.transient)
+        answered = len(s.ok) + s.missing + s.corrupt
+        self.breaker.record_keys(answered, s.transient)
         if job.n_slots:  # one that wrote nothing is no store's latency
             self.metrics.observe("load_seconds" if job.is_load else "store_seconds",
                                  time.monotonic() - job.submit_time)
@@ -175,6 +191,8 @@ class Ledger:
         else:
             self._apply_store(job, s)
             job.release()
+            if not result.success:  # as the breaker counts it: cancelled ones neither way
+                self._failed_store(False if answered else (True if s.transient else None))
         return result
 
     def failed(self, job: Job) -> JobResult:
@@ -190,6 +208,7 @@ class Ledger:
             if job.declined and self.report_admission is not None:
                 self.report_admission(self.counters)
             job.release()
+            self._failed_store(True)
         return JobResult(job_id=job.job_id, success=False)
 
     def expired(self, job: Job) -> JobResult:
@@ -262,12 +281,18 @@ class Ledger:
         c.stored_bytes_read += s.frame_bytes
         if not s.bad:
             return
-        for key in s.bad:
+        c.transfers_cancelled += s.cancelled
+        # A cancelled slot (drain_jobs: reset_cache, sleep) never reached the
+        # backend: its object is as good as before, so it keeps its place in
+        # the index and gets no MISS verdict; the next lookup promotes it again.
+        failed = _without(s.bad, s.cancelled_keys) if s.cancelled else s.bad
+        if not failed:
+            return
+        for key in failed:
             self.presence.discard(key)
         c.load_misses += s.missing
         c.corrupt_objects += s.corrupt
         c.load_failures += s.transient
-        c.transfers_cancelled += s.cancelled
         if s.corrupt:
             self.warn.warning(
                 "corrupt", "kvstore tier %s: rejected %d corrupt object(s) (%s); removed, "
@@ -278,7 +303,7 @@ class Ledger:
                 "load-failed", "kvstore tier %s: %d load(s) failed: %s",
                 self.label, s.transient, s.first_error,
             )
-        self._hold_verdicts(job.req_id, s.bad)
+        self._hold_verdicts(job.req_id, failed)
 
     # -- inspection ----------------------------------------------------------------------
     def gauges(self, queued_chunks: int, store_bytes_in_flight: int, evicted_objects: int
@@ -316,3 +341,9 @@ class Ledger:
                            "counters": self.counters.as_dict()}, f, indent=2)
         except OSError as exc:
             logger.warning("kvstore tier %s: could not write stats file: %s", self.label, exc)
+
+
+def _without(keys: list[bytes], dropped: Collection[bytes]) -> list[bytes]:
+    """``keys`` less those in ``dropped``, in order."""
+    gone = set(dropped)
+    return [k for k in keys if k not in gone]

@@ -36,6 +36,8 @@ class Summary:
     corrupt: int = 0  # loads: object rejected (and removed)
     transient: int = 0  # I/O or service errors (they feed the circuit breaker)
     cancelled: int = 0  # cancelled before they started (never feed the breaker)
+    #: Loads: the keys of the cancelled slots (their objects are untouched).
+    cancelled_keys: list[bytes] | tuple[()] = ()
     first_error: BaseException | None = None
     first_corrupt: BaseException | None = None
     #: vLLM's records, built on the finishing I/O thread (see :func:`summarise`).
@@ -51,7 +53,7 @@ class Summary:
             return cls(job.keys, [], frame_bytes=sum(job.stored_bytes))
         if not job.is_load and job.outcomes.count(True) == n:
             return cls(job.keys, [], job.declined, written=n, frame_bytes=sum(job.stored_bytes))
-        s = cls([], [], job.declined)
+        s = cls([], [], job.declined, cancelled_keys=[] if job.is_load else ())
         for key, res, nbytes in zip(job.keys, job.outcomes, job.stored_bytes, strict=True):
             if not isinstance(res, BaseException):
                 s.ok.append(key)
@@ -64,6 +66,8 @@ class Summary:
             s.bad.append(key)
             if isinstance(res, Cancelled):
                 s.cancelled += 1
+                if job.is_load:
+                    s.cancelled_keys.append(key)  # type: ignore[union-attr]
             elif isinstance(res, ObjectMissing):
                 s.missing += 1
             elif isinstance(res, ObjectCorrupt):

@@ -3,8 +3,10 @@
 vLLM's CPU primary tier lives in ``/dev/shm/vllm_offload_<engine id>.mmap``.
 An engine stopped with vLLM's default shutdown (abort, ``--shutdown-timeout
 0``), killed, or crashed leaves that file behind, and /dev/shm is memory: every
-restart would leak ``cpu_bytes_to_use``. :func:`sweep_stale_regions` runs when
-a tier starts and removes regions that no live process uses.
+restart would leak ``cpu_bytes_to_use``. :func:`sweep_once` runs when the
+first tier of a process starts and removes regions that no live process uses
+(:func:`sweep_stale_regions`); the process's other tiers, started a moment
+later, would only read every ``/proc/<pid>/maps`` again and find nothing new.
 
 A region is removed only when all of these hold:
 
@@ -30,6 +32,7 @@ import contextlib
 import logging
 import os
 import stat
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +42,9 @@ SHM_DIR = Path("/dev/shm")
 PATTERN = "vllm_offload_*.mmap"
 #: Regions younger than this are left alone (creation in progress elsewhere).
 MIN_AGE_S = 10.0
+
+_once_lock = threading.Lock()
+_swept = False  # this process has swept (see sweep_once)
 
 
 def inodes_in_use(proc: Path, directory: Path) -> set[tuple[int, int]]:
@@ -110,3 +116,17 @@ def sweep_stale_regions(directory: Path = SHM_DIR, *, min_age_s: float = MIN_AGE
         logger.warning("kvstore_tiers: removed stale vLLM offload region %s (%d bytes, "
                        "left by an engine that did not shut down)", path, size)
     return freed
+
+
+def sweep_once() -> int:
+    """:func:`sweep_stale_regions` of /dev/shm the first time a process calls it; 0 after.
+
+    Every tier calls it at start: the first one sweeps, the rest of the
+    process's tiers skip the scan. Never raises.
+    """
+    global _swept
+    with _once_lock:
+        if _swept:
+            return 0
+        _swept = True
+        return sweep_stale_regions()

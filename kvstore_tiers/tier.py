@@ -60,7 +60,7 @@ from kvstore_tiers.job import Job, PrimaryRows, TouchJob, TransferContext
 from kvstore_tiers.ledger import Ledger
 from kvstore_tiers.metrics import metric_definitions
 from kvstore_tiers.outcome import nothing_stored
-from kvstore_tiers.shm import sweep_stale_regions
+from kvstore_tiers.shm import sweep_once
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingSpec
@@ -96,7 +96,7 @@ class KVStoreTier(SecondaryTierManager):
         from kvstore_tiers.log import attach_to_vllm_logging
 
         attach_to_vllm_logging()
-        sweep_stale_regions()  # regions of killed engines would leak /dev/shm
+        sweep_once()  # regions of killed engines would leak /dev/shm
         remote = self.backend_cls.remote
         config: TierConfig = validate_config(self.backend_cls.config_model, tier_type, tier_kwargs)
         warn_inline_secrets(config, tier_type)
@@ -121,7 +121,7 @@ class KVStoreTier(SecondaryTierManager):
         self._closed = False
         ledger = self._ledger = Ledger(
             tier_type, config, self._block_size_bytes,
-            assembly.event_list(offloading_spec, config, tier_type))
+            assembly.event_list(offloading_spec, config, tier_type), self.bp_detector)
         # Read directly by the hot paths; public to read, changed only here and by the ledger.
         self.metrics, self.breaker, self.presence = ledger.metrics, ledger.breaker, ledger.presence
         self._failed, self._warn = ledger.verdicts, ledger.warn

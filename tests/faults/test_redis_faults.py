@@ -266,13 +266,9 @@ def test_a_dead_cluster_master_costs_only_its_own_keys(redis_cluster: RedisClust
               f"hit rate of keys on the live masters {rate:.1%} over {rounds} rounds of "
               f"{len(keys)} keys; {stored} of {stored_live} new blocks for live masters stored")
         assert dead_hits == 0 and rate >= 0.99
-        if breaker:  # the backend alone: every store of a live master's key lands
-            assert stored == stored_live
-        else:
-            # At the tier's defaults a store job can still fail while the cluster
-            # client rediscovers the topology after the kill, and vLLM 0.33's
-            # backpressure detector then skips some cascades: most land, none is lost
-            # silently (a failed store is counted and the key is stored again later).
-            assert stored >= 0.8 * stored_live
+        # Every store of a live master's key lands, at the defaults too: vLLM 0.33's
+        # backpressure detector hears only the failures the breaker counts, not the
+        # jobs that failed in part (kvstore_tiers/backpressure.py).
+        assert stored == stored_live
     finally:
         assert d.close() == 0

@@ -66,6 +66,16 @@ class FlakyFsTier(KVStoreTier):
     backend_cls = FlakyFsBackend
 
 
+class FlakyRemoteBackend(FlakyFsBackend):
+    """The same, taken for a remote backend: its tier gets the default remote detector."""
+
+    remote = True
+
+
+class FlakyRemoteTier(KVStoreTier):
+    backend_cls = FlakyRemoteBackend
+
+
 def flaky_tier(root: object, **kw: object) -> dict[str, object]:
     """The tier dict of a flaky fs tier under ``root``."""
     return {"type": "FlakyFsTier", "module_path": "tests.tier.flaky", "root_dir": str(root),

@@ -8,9 +8,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from kvstore_tiers import shm
 from kvstore_tiers.shm import find_stale_regions, sweep_stale_regions
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc")
@@ -122,3 +124,21 @@ def test_opt_out(tmp_path, monkeypatch):
 
 def test_missing_directory_is_quiet(tmp_path):
     assert sweep_stale_regions(tmp_path / "absent") == 0
+
+
+def test_the_tiers_of_one_process_sweep_once(tmp_path, monkeypatch, harness_factory):
+    """Each /proc scan reads every process's maps: the first tier of a process
+    sweeps, its other tiers (and later engines in the process) do not."""
+    scans: list[Path] = []
+
+    def counted(directory: Path = shm.SHM_DIR, **kw: Any) -> list[Path]:
+        scans.append(directory)
+        return find_stale_regions(directory, **kw)
+
+    monkeypatch.setattr(shm, "_swept", False)  # as in a fresh process
+    monkeypatch.setattr(shm, "find_stale_regions", counted)
+    monkeypatch.delenv("KVSTORE_TIERS_SWEEP_SHM", raising=False)
+    harness_factory([{"type": "fs", "root_dir": str(tmp_path / "a")},
+                     {"type": "fs", "root_dir": str(tmp_path / "b")}])
+    harness_factory([{"type": "fs", "root_dir": str(tmp_path / "c")}])
+    assert scans == [shm.SHM_DIR]
