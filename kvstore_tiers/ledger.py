@@ -51,13 +51,14 @@ class Ledger:
     """Scheduler-side state of one tier and the rules that update it."""
 
     def __init__(self, label: str, config: TierConfig, row_bytes: int,
-                 events: list[OffloadingEvent] | None) -> None:
+                 events: list[OffloadingEvent] | None, log: logging.Logger = logger) -> None:
         self.label = label
         self.row_bytes = row_bytes
         self.load_timeout_s = config.load_timeout_s
         self.metrics = TierMetrics(label=label)
         self.counters = self.metrics.counters
-        self.breaker = CircuitBreaker(label, config.failure_threshold, config.breaker_cooldown_s)
+        self.breaker = CircuitBreaker(label, config.failure_threshold, config.breaker_cooldown_s,
+                                      log=log)
         self.presence = PresenceIndex(config.presence_capacity)
         #: MISS verdicts of failed loads: key -> the requests that hold it.
         self.verdicts: dict[bytes, set[str]] = {}
@@ -73,7 +74,8 @@ class Ledger:
         #: The counter of blocks the admission policy did not store (its
         #: ``skip_counter``; set by the tier with its policy).
         self.skip_counter: str | None = None
-        self.warn = RateLimitedLogger(logger, interval_s=30.0)
+        #: Warnings of the scheduler thread (``log``: the tier's SchedulerLogger).
+        self.warn = RateLimitedLogger(log, interval_s=30.0)
         #: Where the tier's backpressure detector takes a verdict per failed store
         #: job reported (:mod:`kvstore_tiers.backpressure`); None: it takes none.
         self.failed_stores: deque[bool | None] | None = None

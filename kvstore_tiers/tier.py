@@ -13,7 +13,9 @@ Threading contract (vLLM contract sections 4.0-4.16):
 * Every public method below is called on the scheduler side with vLLM's
   tiering lock held. None of them does I/O, blocks (except ``drain_jobs``
   and ``shutdown``) or raises: each body is wrapped so an unexpected error
-  becomes a failed job or a MISS and is logged.
+  becomes a failed job or a MISS and is logged. Their log lines (and the
+  ledger's and breaker's) go through a :class:`~kvstore_tiers.log.SchedulerLogger`:
+  a thread of the tier's own takes the handlers' locks and writes the stream.
 * Scheduler-owned state (``_deadlined``, ``_ready``, the ledger's presence
   index, verdicts, counters and breaker) is touched only on that thread. I/O threads touch only
   the jobs they were handed and the rows those jobs own; completion comes
@@ -59,7 +61,9 @@ from kvstore_tiers.codecs import resolve_compression
 from kvstore_tiers.config import TierConfig, validate_config
 from kvstore_tiers.health import BreakerState
 from kvstore_tiers.ledger import Ledger
+from kvstore_tiers.log import SchedulerLogger, attach_to_vllm_logging
 from kvstore_tiers.metrics import metric_definitions
+from kvstore_tiers.ratelimit import RateLimitedLogger
 from kvstore_tiers.shm import sweep_once
 from kvstore_tiers.transfers import ExistenceCheck, Job, PrimaryRows, TouchJob, TransferContext
 
@@ -113,7 +117,6 @@ class KVStoreTier(SecondaryTierManager):
         backpressure_detector: Any | None = None,
         **tier_kwargs: Any,
     ) -> None:
-        from kvstore_tiers.log import attach_to_vllm_logging
 
         attach_to_vllm_logging()
         sweep_once()  # regions of killed engines would leak /dev/shm
@@ -139,9 +142,11 @@ class KVStoreTier(SecondaryTierManager):
         self._read_threads = max(1, config.n_read_threads)
         self.rows = PrimaryRows(primary_kv_view, self._block_size_bytes)
         self._closed = False
+        #: Log lines of the scheduler thread, written by a thread of their own.
+        self._log = SchedulerLogger(logger, tier_type)
         ledger = self._ledger = Ledger(
             tier_type, config, self._block_size_bytes,
-            assembly.event_list(offloading_spec, config, tier_type))
+            assembly.event_list(offloading_spec, config, tier_type), self._log)
         # The scheduler thread's hot paths read these directly.
         self.metrics, self.breaker, self._presence = ledger.metrics, ledger.breaker, ledger.presence
         self._failed = ledger.verdicts
@@ -163,7 +168,7 @@ class KVStoreTier(SecondaryTierManager):
             config.max_store_bytes_in_flight, self.rows.count * self._block_size_bytes)
         self._ctx = TransferContext(
             self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
-            self.locality, ledger.events is not None, ledger.warn,
+            self.locality, ledger.events is not None, RateLimitedLogger(logger, interval_s=30.0),
             self._admission.seen if self._admission is not None else None,
             self._admission.admit if self._admission is not None else None,
         )
@@ -208,21 +213,21 @@ class KVStoreTier(SecondaryTierManager):
             self._presence.add(key)  # known to exist: later lookups and stores skip the check
             return LookupResult.HIT
         except Exception:
-            logger.exception("kvstore tier %s: lookup failed; answering MISS", self.tier_type)
+            self._log.exception("kvstore tier %s: lookup failed; answering MISS", self.tier_type)
             return LookupResult.MISS
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         try:
             self._submit(job_metadata, is_load=False)
         except Exception:
-            logger.exception("kvstore tier %s: submit_store failed", self.tier_type)
+            self._log.exception("kvstore tier %s: submit_store failed", self.tier_type)
             self._fail_now(job_metadata.job_id, job_metadata, is_load=False)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         try:
             self._submit(job_metadata, is_load=True)
         except Exception:
-            logger.exception("kvstore tier %s: submit_load failed", self.tier_type)
+            self._log.exception("kvstore tier %s: submit_load failed", self.tier_type)
             self._fail_now(job_metadata.job_id, job_metadata, is_load=True)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
@@ -246,7 +251,7 @@ class KVStoreTier(SecondaryTierManager):
                     results.append(self._ledger.completed(job))
                 except Exception:
                     # A job popped here must still be reported, or vLLM waits on it forever.
-                    logger.exception("kvstore tier %s: completing job %d failed; reporting "
+                    self._log.exception("kvstore tier %s: completing job %d failed; reporting "
                                      "it failed", self.tier_type, job.job_id)
                     results.append(self._ledger.failed(job))
             if self._deadlined:
@@ -255,7 +260,7 @@ class KVStoreTier(SecondaryTierManager):
                     self._deadlined.pop(job.job_id, None)
                     results.append(self._ledger.expired(job))
         except Exception:
-            logger.exception("kvstore tier %s: get_finished_jobs failed", self.tier_type)
+            self._log.exception("kvstore tier %s: get_finished_jobs failed", self.tier_type)
         return results
 
     def take_events(self) -> Iterable[OffloadingEvent]:
@@ -278,20 +283,20 @@ class KVStoreTier(SecondaryTierManager):
             if names:
                 self._pool.submit(TouchJob(self.backend, names), is_load=False)
         except Exception:
-            logger.exception("kvstore tier %s: touch failed", self.tier_type)
+            self._log.exception("kvstore tier %s: touch failed", self.tier_type)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         try:
             self._lookup.cleanup(req_context.req_id)
             self._ledger.forget_request(req_context.req_id)
         except Exception:
-            logger.exception("kvstore tier %s: on_request_finished failed", self.tier_type)
+            self._log.exception("kvstore tier %s: on_request_finished failed", self.tier_type)
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         try:
             self._lookup.flush()
         except Exception:
-            logger.exception("kvstore tier %s: on_schedule_end failed", self.tier_type)
+            self._log.exception("kvstore tier %s: on_schedule_end failed", self.tier_type)
 
     def drain_jobs(self) -> None:
         """Cancel queued transfers (they report failure) and wait for running ones."""
@@ -299,13 +304,13 @@ class KVStoreTier(SecondaryTierManager):
             self._pool.cancel_queued()
             self._pool.wait_idle()
         except Exception:
-            logger.exception("kvstore tier %s: drain_jobs failed", self.tier_type)
+            self._log.exception("kvstore tier %s: drain_jobs failed", self.tier_type)
 
     def get_stats(self) -> Any:
         try:
             return self.metrics.collect(self._gauges())
         except Exception:
-            logger.exception("kvstore tier %s: get_stats failed", self.tier_type)
+            self._log.exception("kvstore tier %s: get_stats failed", self.tier_type)
             return None
 
     def shutdown(self) -> None:
@@ -320,7 +325,7 @@ class KVStoreTier(SecondaryTierManager):
             try:
                 step()
             except Exception:
-                logger.exception("kvstore tier %s: error during shutdown", self.tier_type)
+                self._log.exception("kvstore tier %s: error during shutdown", self.tier_type)
         self.rows.release()
         self._ledger.write_stats_file(os.environ.get(STATS_DIR_ENV), self.backend.describe(),
                                       self.namespace.name, f"{os.getpid()}-{id(self):x}")
@@ -331,6 +336,7 @@ class KVStoreTier(SecondaryTierManager):
             self.tier_type, c.objects_stored, c.objects_skipped, c.objects_loaded,
             c.corrupt_objects, c.store_failures, c.load_failures, c.stores_dropped,
         )
+        self._log.close()  # writes what the scheduler thread logged
 
     # ------------------------------------------------------------- inspection
     @property

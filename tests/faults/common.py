@@ -15,11 +15,22 @@ counts, per backend:
 * ``leaks`` -- primary slots still pinned or write-pending once everything
   settled, tier jobs left, or threads left after shutdown (must be 0).
 
+Measured, never asserted: ``max_call_ms``, the slowest manager call (vLLM's
+own work and the harness's row copies included), and ``max_tier_ms``, the
+slowest call of one of the tier's scheduler-thread methods (every method
+vLLM calls on its scheduler thread but ``drain_jobs`` and ``shutdown``, which
+may block by contract), with what that call's wall time was made of
+(:class:`CallClock`): the thread's own CPU time, its wait for a CPU on the
+kernel's run queue, and garbage collection in any thread (which holds the
+GIL); the rest is time the thread slept (the GIL, a lock, I/O).
+
 ``tests/faults/conftest.py`` prints the table at the end of the session.
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
 import time
 from collections import Counter
@@ -37,6 +48,63 @@ HIT, MISS = LookupResult.HIT, LookupResult.MISS
 STEP_BOUND_S = 0.050
 
 
+#: The tier methods vLLM calls on its scheduler thread that must never wait
+#: (``drain_jobs`` and ``shutdown`` may block by contract: not timed).
+SCHEDULER_METHODS = ("on_new_request", "lookup", "submit_store", "submit_load",
+                     "get_finished_jobs", "take_events", "touch", "on_request_finished",
+                     "on_schedule_end", "get_stats")
+
+
+class CallClock:
+    """What a call's wall time was made of, for the thread that makes it.
+
+    ``cpu``: the thread's CPU time; ``runq``: its wait on the kernel's run
+    queue for a CPU (``/proc/thread-self/schedstat``, 0 where absent; read
+    just outside the wall-clock window, so it may exceed the wall time by
+    the reads' own wait); ``gc``: collections that ended in the window, in
+    any thread (they hold the GIL, so no other Python code runs meanwhile).
+    What is left, the thread slept: on the GIL, since the tier's scheduler
+    methods take no lock another thread holds and do no I/O.
+    """
+
+    gc_s = 0.0  # seconds of garbage collection so far, every thread
+    _gc_start: ClassVar[dict[int, float]] = {}
+    _fds: ClassVar[dict[int, int]] = {}
+
+    @classmethod
+    def on_gc(cls, phase: str, info: dict[str, Any]) -> None:
+        tid = threading.get_ident()
+        if phase == "start":
+            cls._gc_start[tid] = time.perf_counter()
+        elif (t0 := cls._gc_start.pop(tid, None)) is not None:
+            cls.gc_s += time.perf_counter() - t0
+
+    @classmethod
+    def runq_s(cls) -> float:
+        """This thread's run-queue wait so far (seconds)."""
+        tid = threading.get_ident()
+        fd = cls._fds.get(tid)
+        try:
+            if fd is None:
+                fd = cls._fds[tid] = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            return int(os.pread(fd, 64, 0).split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+    @classmethod
+    def now(cls) -> tuple[float, float, float, float]:
+        """(wall, cpu, runq, gc) seconds, to subtract from a later reading.
+
+        The wall clock is read last: reading schedstat releases the GIL, and
+        taking it back must not count as the call's time.
+        """
+        runq, gc_s, cpu = cls.runq_s(), cls.gc_s, time.thread_time()
+        return time.perf_counter(), cpu, runq, gc_s
+
+
+gc.callbacks.append(CallClock.on_gc)
+
+
 @dataclass
 class Score:
     faults: int = 0
@@ -47,11 +115,39 @@ class Score:
     rows_verified: int = 0
     calls: int = 0
     max_call_ms: float = 0.0
+    #: The slowest scheduler-thread call of the tier itself, and its method.
+    max_tier_ms: float = 0.0
+    max_tier_method: str = ""
+    #: That call's wall time: its thread's CPU, run-queue wait, GC (CallClock).
+    max_tier_cpu_ms: float = 0.0
+    max_tier_runq_ms: float = 0.0
+    max_tier_gc_ms: float = 0.0
     kinds: Counter[str] = field(default_factory=Counter)
 
     def fault(self, kind: str, n: int = 1) -> None:
         self.faults += n
         self.kinds[kind] += n
+
+    def tier_call(self, method: str, start: tuple[float, float, float, float]) -> None:
+        """Account a tier call that began at ``start`` (:meth:`CallClock.now`)."""
+        wall = (time.perf_counter() - start[0]) * 1000
+        if wall <= self.max_tier_ms:
+            return
+        end = time.perf_counter(), time.thread_time(), CallClock.runq_s(), CallClock.gc_s
+        self.max_tier_ms, self.max_tier_method = wall, method
+        self.max_tier_cpu_ms, self.max_tier_runq_ms, self.max_tier_gc_ms = (
+            (end[i] - start[i]) * 1000 for i in (1, 2, 3))
+
+    @property
+    def max_tier_text(self) -> str:
+        """The slowest tier call, its method and what its time was made of."""
+        if not self.max_tier_method:
+            return "-"
+        slept = max(0.0, self.max_tier_ms - self.max_tier_cpu_ms - self.max_tier_runq_ms
+                    - self.max_tier_gc_ms)
+        return (f"{self.max_tier_ms:.1f} ms {self.max_tier_method} (cpu "
+                f"{self.max_tier_cpu_ms:.1f}, run queue {self.max_tier_runq_ms:.1f}, "
+                f"gc {self.max_tier_gc_ms:.1f}, slept {slept:.1f})")
 
 
 SCORES: dict[str, Score] = {}
@@ -88,6 +184,8 @@ class Driver:
         Driver._live.add(id(self))
         self.h: Harness = build_harness(tiers, num_chunks=num_chunks, chunk_bytes=chunk_bytes,
                                         **kw)
+        for tier in self.h.tiers:
+            _time_tier_calls(tier, self.score)
         self.row_bytes = chunk_bytes
         self.expected: dict[bytes, bytes] = {}
         self._closed = False
@@ -252,6 +350,22 @@ class Driver:
             names = sorted(t.name for t in threading.enumerate() if t.ident in extra)
             print(f"kvstore fault driver: threads left behind: {names}")
         return leaked + len(extra)
+
+
+def _time_tier_calls(tier: Any, s: Score) -> None:
+    """Time every scheduler-thread method of ``tier`` vLLM's manager calls (on the
+    instance: the manager looks them up there), into ``s``."""
+    def timed(method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kw: Any) -> Any:
+            start = CallClock.now()
+            try:
+                return fn(*args, **kw)
+            finally:
+                s.tier_call(method, start)
+        return call
+
+    for name in SCHEDULER_METHODS:
+        setattr(tier, name, timed(name, getattr(tier, name)))
 
 
 # -- object tampering through the backend's own byte API --------------------------------------

@@ -41,12 +41,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     tr = terminalreporter
     tr.section("kvstore fault matrix")
     cols = ("backend", "faults", "wrong_bytes", "exceptions", "blocked>50ms", "leaks",
-            "rows_verified", "calls", "max_call_ms")
+            "rows_verified", "calls", "max_call_ms", "max_tier_call")
     tr.write_line(" | ".join(f"{c:>12}" for c in cols))
     for name in sorted(SCORES):
         s = SCORES[name]
         vals = (name, s.faults, s.wrong_bytes, s.exceptions, s.blocked, s.leaks,
-                s.rows_verified, s.calls, f"{s.max_call_ms:.1f}")
+                s.rows_verified, s.calls, f"{s.max_call_ms:.1f}", s.max_tier_text)
         tr.write_line(" | ".join(f"{v!s:>12}" for v in vals))
     for name in sorted(SCORES):
         kinds = ", ".join(f"{k}={v}" for k, v in sorted(SCORES[name].kinds.items()))
