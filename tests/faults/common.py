@@ -15,14 +15,14 @@ counts, per backend:
 * ``leaks`` -- primary slots still pinned or write-pending once everything
   settled, tier jobs left, or threads left after shutdown (must be 0).
 
-Measured, never asserted: ``max_call_ms``, the slowest manager call (vLLM's
-own work and the harness's row copies included), and ``max_tier_ms``, the
+Measured, never asserted: ``max_call``, the slowest manager call (vLLM's
+own work and the harness's row copies included), and ``max_tier``, the
 slowest call of one of the tier's scheduler-thread methods (every method
 vLLM calls on its scheduler thread but ``drain_jobs`` and ``shutdown``, which
-may block by contract), with what that call's wall time was made of
+may block by contract), each with what its wall time was made of
 (:class:`CallClock`): the thread's own CPU time, its wait for a CPU on the
-kernel's run queue, and garbage collection in any thread (which holds the
-GIL); the rest is time the thread slept (the GIL, a lock, I/O).
+kernel's run queue, the time it slept (the GIL, a lock, I/O), and how much
+of the call garbage collection took in any thread.
 
 ``tests/faults/conftest.py`` prints the table at the end of the session.
 """
@@ -58,13 +58,14 @@ SCHEDULER_METHODS = ("on_new_request", "lookup", "submit_store", "submit_load",
 class CallClock:
     """What a call's wall time was made of, for the thread that makes it.
 
-    ``cpu``: the thread's CPU time; ``runq``: its wait on the kernel's run
-    queue for a CPU (``/proc/thread-self/schedstat``, 0 where absent; read
-    just outside the wall-clock window, so it may exceed the wall time by
-    the reads' own wait); ``gc``: collections that ended in the window, in
-    any thread (they hold the GIL, so no other Python code runs meanwhile).
-    What is left, the thread slept: on the GIL, since the tier's scheduler
-    methods take no lock another thread holds and do no I/O.
+    The kernel has the thread in one of three states: on a CPU (``cpu``, its
+    CPU time), waiting on the run queue for one (``runq``,
+    ``/proc/thread-self/schedstat``, 0 where absent; read just outside the
+    wall-clock window, so it may exceed the wall time by the reads' own
+    wait), or asleep, the rest: on the GIL, since the tier's scheduler
+    methods take no lock another thread holds and do no I/O. ``gc`` says
+    what part of the window collections took, in any thread: in this one
+    they are CPU or run-queue time, in another the GIL is held meanwhile.
     """
 
     gc_s = 0.0  # seconds of garbage collection so far, every thread
@@ -106,6 +107,35 @@ gc.callbacks.append(CallClock.on_gc)
 
 
 @dataclass
+class Slowest:
+    """The slowest of a kind of call, and what its wall time was made of (:class:`CallClock`)."""
+
+    ms: float = 0.0
+    method: str = ""
+    cpu_ms: float = 0.0
+    runq_ms: float = 0.0
+    gc_ms: float = 0.0
+
+    def note(self, method: str, start: tuple[float, float, float, float]) -> float:
+        """Account a call that began at ``start`` (:meth:`CallClock.now`); its seconds."""
+        took = time.perf_counter() - start[0]
+        if took * 1000 > self.ms:
+            end = time.perf_counter(), time.thread_time(), CallClock.runq_s(), CallClock.gc_s
+            self.ms, self.method = took * 1000, method
+            self.cpu_ms, self.runq_ms, self.gc_ms = ((end[i] - start[i]) * 1000
+                                                     for i in (1, 2, 3))
+        return took
+
+    @property
+    def text(self) -> str:
+        if not self.method:
+            return "-"
+        slept = max(0.0, self.ms - self.cpu_ms - self.runq_ms)
+        return (f"{self.ms:.1f} ms {self.method}: cpu {self.cpu_ms:.1f}, run queue "
+                f"{self.runq_ms:.1f}, slept {slept:.1f}; gc {self.gc_ms:.1f}")
+
+
+@dataclass
 class Score:
     faults: int = 0
     wrong_bytes: int = 0
@@ -114,40 +144,15 @@ class Score:
     leaks: int = 0
     rows_verified: int = 0
     calls: int = 0
-    max_call_ms: float = 0.0
-    #: The slowest scheduler-thread call of the tier itself, and its method.
-    max_tier_ms: float = 0.0
-    max_tier_method: str = ""
-    #: That call's wall time: its thread's CPU, run-queue wait, GC (CallClock).
-    max_tier_cpu_ms: float = 0.0
-    max_tier_runq_ms: float = 0.0
-    max_tier_gc_ms: float = 0.0
+    #: The slowest manager call (vLLM's work and the harness's included).
+    max_call: Slowest = field(default_factory=Slowest)
+    #: The slowest call of one of the tier's own scheduler-thread methods.
+    max_tier: Slowest = field(default_factory=Slowest)
     kinds: Counter[str] = field(default_factory=Counter)
 
     def fault(self, kind: str, n: int = 1) -> None:
         self.faults += n
         self.kinds[kind] += n
-
-    def tier_call(self, method: str, start: tuple[float, float, float, float]) -> None:
-        """Account a tier call that began at ``start`` (:meth:`CallClock.now`)."""
-        wall = (time.perf_counter() - start[0]) * 1000
-        if wall <= self.max_tier_ms:
-            return
-        end = time.perf_counter(), time.thread_time(), CallClock.runq_s(), CallClock.gc_s
-        self.max_tier_ms, self.max_tier_method = wall, method
-        self.max_tier_cpu_ms, self.max_tier_runq_ms, self.max_tier_gc_ms = (
-            (end[i] - start[i]) * 1000 for i in (1, 2, 3))
-
-    @property
-    def max_tier_text(self) -> str:
-        """The slowest tier call, its method and what its time was made of."""
-        if not self.max_tier_method:
-            return "-"
-        slept = max(0.0, self.max_tier_ms - self.max_tier_cpu_ms - self.max_tier_runq_ms
-                    - self.max_tier_gc_ms)
-        return (f"{self.max_tier_ms:.1f} ms {self.max_tier_method} (cpu "
-                f"{self.max_tier_cpu_ms:.1f}, run queue {self.max_tier_runq_ms:.1f}, "
-                f"gc {self.max_tier_gc_ms:.1f}, slept {slept:.1f})")
 
 
 SCORES: dict[str, Score] = {}
@@ -197,7 +202,7 @@ class Driver:
     # -- timed, guarded scheduler calls ----------------------------------------------
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         s = self.score
-        start = time.perf_counter()
+        start = CallClock.now()
         try:
             return fn(*args)
         except Exception:
@@ -207,9 +212,8 @@ class Driver:
             traceback.print_exc()
             return None
         finally:
-            took = time.perf_counter() - start
+            took = s.max_call.note(getattr(fn, "__name__", "call"), start)
             s.calls += 1
-            s.max_call_ms = max(s.max_call_ms, took * 1000)
             if took > STEP_BOUND_S:
                 s.blocked += 1
 
@@ -361,7 +365,7 @@ def _time_tier_calls(tier: Any, s: Score) -> None:
             try:
                 return fn(*args, **kw)
             finally:
-                s.tier_call(method, start)
+                s.max_tier.note(method, start)
         return call
 
     for name in SCHEDULER_METHODS:
