@@ -46,9 +46,10 @@ class BreakerState(enum.IntEnum):
 class CircuitBreaker:
     def __init__(
         self, name: str, threshold: int, cooldown_s: float,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.monotonic, log: logging.Logger = logger,
     ) -> None:
         self.name = name
+        self._log = log  # the tier's SchedulerLogger: it opens and closes on that thread
         self.threshold = threshold
         self.cooldown_s = cooldown_s
         self._clock = clock
@@ -94,7 +95,8 @@ class CircuitBreaker:
     def record(self, success: bool) -> None:
         if success:
             if self.state is not BreakerState.CLOSED:
-                logger.warning("kvstore tier %s: backend healthy again; circuit closed", self.name)
+                self._log.warning("kvstore tier %s: backend healthy again; circuit closed",
+                                  self.name)
             self.state = BreakerState.CLOSED
             self._failures = 0
             return
@@ -104,7 +106,7 @@ class CircuitBreaker:
         ):
             if self.state is BreakerState.CLOSED:
                 self.times_opened += 1
-                logger.warning(
+                self._log.warning(
                     "kvstore tier %s: %d consecutive backend failures; circuit open "
                     "(lookups miss, stores are dropped) for %.1fs",
                     self.name, self._failures, self.cooldown_s,

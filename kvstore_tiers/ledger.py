@@ -57,13 +57,15 @@ class Ledger:
     """Scheduler-side state of one tier and the rules that update it."""
 
     def __init__(self, label: str, config: TierConfig, row_bytes: int,
-                 events: list[OffloadingEvent] | None, detector: Any = None) -> None:
+                 events: list[OffloadingEvent] | None, detector: Any = None,
+                 log: logging.Logger = logger) -> None:
         self.label = label
         self.row_bytes = row_bytes
         self.load_timeout_s = config.load_timeout_s
         self.metrics = TierMetrics(label=label)
         self.counters = self.metrics.counters
-        self.breaker = CircuitBreaker(label, config.failure_threshold, config.breaker_cooldown_s)
+        self.breaker = CircuitBreaker(label, config.failure_threshold, config.breaker_cooldown_s,
+                                      log=log)
         self.presence = PresenceIndex(config.presence_capacity)
         #: MISS verdicts of failed loads: key -> the requests that hold it.
         self.verdicts: dict[bytes, set[str]] = {}
@@ -80,7 +82,8 @@ class Ledger:
         #: puts the policy's own counts into the counters when a job it
         #: declined blocks of is reported.
         self.report_admission: Callable[[TierCounters], None] | None = None
-        self.warn = RateLimitedLogger(logger, interval_s=30.0)
+        #: Warnings of the scheduler thread (``log``: the tier's SchedulerLogger).
+        self.warn = RateLimitedLogger(log, interval_s=30.0)
         #: Where the tier's backpressure detector takes a verdict per failed store
         #: job reported (:mod:`kvstore_tiers.backpressure`); None: it takes none.
         self.failed_stores: deque[bool | None] | None = (

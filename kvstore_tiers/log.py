@@ -1,4 +1,4 @@
-"""Make our log lines appear where vLLM's do.
+"""Make our log lines appear where vLLM's do, and keep their writing off vLLM's scheduler thread.
 
 vLLM configures handlers on its own ``vllm`` logger only, so records of the
 ``kvstore_tiers`` logger would reach nobody below WARNING. When vLLM's
@@ -7,13 +7,23 @@ configured logging yet (its plugins load before that in some processes), ours
 gets a stderr handler in vLLM's format, so lines such as the "'fs' now means"
 notice are not lost. ``VLLM_CONFIGURE_LOGGING=0`` means the application
 configures logging itself: then we add nothing.
+
+:class:`SchedulerLogger` is the logger of code on vLLM's scheduler thread
+(the tier's methods, its ledger and breaker): writing a record takes each
+handler's lock and writes its stream, so another thread logging at that
+moment (an I/O thread reporting a dead node) or a stream that blocks (a full
+pipe to a slow log collector) would hold the scheduler. Its records go on a
+queue instead, and a thread of its own hands them to the real logger.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import threading
+from queue import SimpleQueue
 
 _FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
 
@@ -53,3 +63,54 @@ def attach_to_vllm_logging() -> None:
         handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%m-%d %H:%M:%S"))
         ours.addHandler(handler)
         ours.setLevel(logging.INFO)
+
+
+#: Records waiting for the log thread past which new ones are dropped (a stream
+#: that blocks for good must not grow memory without bound).
+MAX_QUEUED_RECORDS = 1024
+
+
+class SchedulerLogger(logging.Logger):
+    """A logger whose records another thread writes (see the module docstring).
+
+    Records carry ``target``'s name, level and the caller's file and line, and
+    reach ``target``'s handlers (and its parents') from the
+    ``kvstore-log-<label>`` thread. :meth:`close` writes what is queued and
+    stops the thread; records after it are written at once by the caller.
+    """
+
+    def __init__(self, target: logging.Logger, label: str) -> None:
+        super().__init__(target.name)
+        self.target = target
+        self._closed = False
+        self._queue: SimpleQueue[logging.LogRecord | None] = SimpleQueue()
+        #: Records dropped because the queue was full.
+        self.dropped = 0
+        self._thread = threading.Thread(target=self._write, name=f"kvstore-log-{label}",
+                                        daemon=True)
+        self._thread.start()
+
+    def isEnabledFor(self, level: int) -> bool:
+        return self.target.isEnabledFor(level)
+
+    def handle(self, record: logging.LogRecord) -> None:
+        """Queue ``record`` for the log thread: no lock, no formatting, never blocks."""
+        if self._closed:
+            self.target.handle(record)
+        elif self._queue.qsize() >= MAX_QUEUED_RECORDS:
+            self.dropped += 1
+        else:
+            self._queue.put(record)
+
+    def close(self) -> None:
+        """Write the queued records, stop the thread; later records go straight to ``target``."""
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join()
+
+    def _write(self) -> None:
+        while (record := self._queue.get()) is not None:
+            # A handler's own errors go to Handler.handleError; nothing else may end the thread.
+            with contextlib.suppress(Exception):
+                self.target.handle(record)

@@ -1,19 +1,17 @@
 """KVStoreTier: vLLM's ``SecondaryTierManager`` for any kvstore backend, scheduler side.
 
-One generic adapter, one backend per subclass (``backend_cls``). It answers
+One generic adapter, one backend per subclass (``backend_cls``): it answers
 lookups (presence index, then vLLM's asynchronous existence check), hands
-transfers to the I/O pool as :class:`~kvstore_tiers.job.Job`\\ s, which
-move the bytes and come back with their outcome condensed, and applies those
-outcomes through its :class:`~kvstore_tiers.ledger.Ledger` (presence,
-breaker, counters, events). It is built from small parts
-(:mod:`kvstore_tiers.assembly`); the backend only moves bytes.
+transfers to the I/O pool as :class:`~kvstore_tiers.job.Job`\\ s and applies
+their condensed outcomes through its :class:`~kvstore_tiers.ledger.Ledger`.
 
 Threading contract (vLLM contract sections 4.0-4.16):
 
 * Every public method below is called on the scheduler side with vLLM's
   tiering lock held. None of them does I/O, blocks (except ``drain_jobs``
   and ``shutdown``) or raises: each body is wrapped so an unexpected error
-  becomes a failed job or a MISS and is logged.
+  becomes a failed job or a MISS, logged through a
+  :class:`~kvstore_tiers.log.SchedulerLogger` (a thread of its own writes it).
 * Scheduler-owned state (``_deadlined``, ``_ready``, the ledger's presence
   index, verdicts, counters and breaker) is touched only on that thread. I/O
   threads touch only the jobs they were handed and the rows those jobs own;
@@ -58,8 +56,10 @@ from kvstore_tiers.existence import ExistenceCheck
 from kvstore_tiers.health import BreakerState
 from kvstore_tiers.job import Job, PrimaryRows, TouchJob, TransferContext
 from kvstore_tiers.ledger import Ledger
+from kvstore_tiers.log import SchedulerLogger, attach_to_vllm_logging
 from kvstore_tiers.metrics import metric_definitions
 from kvstore_tiers.outcome import nothing_stored
+from kvstore_tiers.ratelimit import RateLimitedLogger
 from kvstore_tiers.shm import sweep_once
 
 if TYPE_CHECKING:
@@ -84,6 +84,7 @@ class KVStoreTier(SecondaryTierManager):
 
     backend_cls: ClassVar[type[Backend]]
     medium: ClassVar[Medium] = Medium.STORAGE
+    _closed = False  # set by shutdown
 
     def __init__(
         self,
@@ -93,7 +94,6 @@ class KVStoreTier(SecondaryTierManager):
         backpressure_detector: Any | None = None,
         **tier_kwargs: Any,
     ) -> None:
-        from kvstore_tiers.log import attach_to_vllm_logging
 
         attach_to_vllm_logging()
         sweep_once()  # regions of killed engines would leak /dev/shm
@@ -118,10 +118,10 @@ class KVStoreTier(SecondaryTierManager):
             tuning, self._block_size_bytes)
         self._read_threads = max(1, config.n_read_threads)
         self.rows = PrimaryRows(primary_kv_view, self._block_size_bytes)
-        self._closed = False
-        ledger = self._ledger = Ledger(
-            tier_type, config, self._block_size_bytes,
-            assembly.event_list(offloading_spec, config, tier_type), self.bp_detector)
+        self._log = SchedulerLogger(logger, tier_type)  # the scheduler thread's log lines
+        ledger = self._ledger = Ledger(tier_type, config, self._block_size_bytes,
+                                       assembly.event_list(offloading_spec, config, tier_type),
+                                       self.bp_detector, self._log)
         # Read directly by the hot paths; public to read, changed only here and by the ledger.
         self.metrics, self.breaker, self.presence = ledger.metrics, ledger.breaker, ledger.presence
         self._failed, self._warn = ledger.verdicts, ledger.warn
@@ -141,7 +141,7 @@ class KVStoreTier(SecondaryTierManager):
             config.max_store_bytes_in_flight, self.rows.count * self._block_size_bytes)
         self._ctx = TransferContext(
             self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
-            self.locality, ledger.events is not None, ledger.warn,
+            self.locality, ledger.events is not None, RateLimitedLogger(logger, interval_s=30.0),
             None if policy is None else policy.seen, None if policy is None else policy.admit,
             trace=self.load_trace)
         self._pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
@@ -182,21 +182,21 @@ class KVStoreTier(SecondaryTierManager):
             self.presence.add(key)  # known to exist: later lookups and stores skip the check
             return LookupResult.HIT
         except Exception:
-            logger.exception("kvstore tier %s: lookup failed; answering MISS", self.tier_type)
+            self._log.exception("kvstore tier %s: lookup failed; answering MISS", self.tier_type)
             return LookupResult.MISS
 
     def submit_store(self, job_metadata: TransferJob) -> None:
         try:
             self._submit(job_metadata, is_load=False)
         except Exception:
-            logger.exception("kvstore tier %s: submit_store failed", self.tier_type)
+            self._log.exception("kvstore tier %s: submit_store failed", self.tier_type)
             self._fail_now(job_metadata.job_id, job_metadata, is_load=False)
 
     def submit_load(self, job_metadata: TransferJob) -> None:
         try:
             self._submit(job_metadata, is_load=True)
         except Exception:
-            logger.exception("kvstore tier %s: submit_load failed", self.tier_type)
+            self._log.exception("kvstore tier %s: submit_load failed", self.tier_type)
             self._fail_now(job_metadata.job_id, job_metadata, is_load=True)
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
@@ -220,7 +220,7 @@ class KVStoreTier(SecondaryTierManager):
                     results.append(self._ledger.completed(job))
                 except Exception:
                     # A job popped here must still be reported, or vLLM waits on it forever.
-                    logger.exception("kvstore tier %s: completing job %d failed; reporting "
+                    self._log.exception("kvstore tier %s: completing job %d failed; reporting "
                                      "it failed", self.tier_type, job.job_id)
                     results.append(self._ledger.failed(job))
             if self._deadlined:
@@ -231,7 +231,7 @@ class KVStoreTier(SecondaryTierManager):
             if self.load_trace is not None:
                 self.load_trace.picked(results)
         except Exception:
-            logger.exception("kvstore tier %s: get_finished_jobs failed", self.tier_type)
+            self._log.exception("kvstore tier %s: get_finished_jobs failed", self.tier_type)
         return results
 
     def take_events(self) -> Iterable[OffloadingEvent]:
@@ -251,20 +251,20 @@ class KVStoreTier(SecondaryTierManager):
             if names:
                 self._pool.submit(TouchJob(self.backend, names), is_load=False)
         except Exception:
-            logger.exception("kvstore tier %s: touch failed", self.tier_type)
+            self._log.exception("kvstore tier %s: touch failed", self.tier_type)
 
     def on_request_finished(self, req_context: ReqContext) -> None:
         try:
             self._lookup.cleanup(req_context.req_id)
             self._ledger.forget_request(req_context.req_id)
         except Exception:
-            logger.exception("kvstore tier %s: on_request_finished failed", self.tier_type)
+            self._log.exception("kvstore tier %s: on_request_finished failed", self.tier_type)
 
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         try:
             self._lookup.flush()
         except Exception:
-            logger.exception("kvstore tier %s: on_schedule_end failed", self.tier_type)
+            self._log.exception("kvstore tier %s: on_schedule_end failed", self.tier_type)
 
     def drain_jobs(self) -> None:
         """Cancel queued transfers (they report failure) and wait for running ones."""
@@ -272,13 +272,13 @@ class KVStoreTier(SecondaryTierManager):
             self._pool.cancel_queued()
             self._pool.wait_idle()
         except Exception:
-            logger.exception("kvstore tier %s: drain_jobs failed", self.tier_type)
+            self._log.exception("kvstore tier %s: drain_jobs failed", self.tier_type)
 
     def get_stats(self) -> Any:
         try:
             return self.metrics.collect(self._gauges())
         except Exception:
-            logger.exception("kvstore tier %s: get_stats failed", self.tier_type)
+            self._log.exception("kvstore tier %s: get_stats failed", self.tier_type)
             return None
 
     def shutdown(self) -> None:
@@ -295,11 +295,12 @@ class KVStoreTier(SecondaryTierManager):
             try:
                 step()
             except Exception:
-                logger.exception("kvstore tier %s: error during shutdown", self.tier_type)
+                self._log.exception("kvstore tier %s: error during shutdown", self.tier_type)
         self.rows.release()
         self._ledger.write_stats_file(os.environ.get(STATS_DIR_ENV), self.backend.describe(),
                                       self.namespace.name, f"{os.getpid()}-{id(self):x}")
         self._ledger.log_totals()
+        self._log.close()  # writes what the scheduler thread logged
 
     # ------------------------------------------------------------- inspection
     @property

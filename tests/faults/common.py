@@ -15,11 +15,22 @@ counts, per backend:
 * ``leaks`` -- primary slots still pinned or write-pending once everything
   settled, tier jobs left, or threads left after shutdown (must be 0).
 
+Measured, never asserted: ``max_call``, the slowest manager call (vLLM's
+own work and the harness's row copies included), and ``max_tier``, the
+slowest call of one of the tier's scheduler-thread methods (every method
+vLLM calls on its scheduler thread but ``drain_jobs`` and ``shutdown``, which
+may block by contract), each with what its wall time was made of
+(:class:`CallClock`): the thread's own CPU time, its wait for a CPU on the
+kernel's run queue, the time it slept (the GIL, a lock, I/O), and how much
+of the call garbage collection took in any thread.
+
 ``tests/faults/conftest.py`` prints the table at the end of the session.
 """
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
 import time
 from collections import Counter
@@ -37,6 +48,93 @@ HIT, MISS = LookupResult.HIT, LookupResult.MISS
 STEP_BOUND_S = 0.050
 
 
+#: The tier methods vLLM calls on its scheduler thread that must never wait
+#: (``drain_jobs`` and ``shutdown`` may block by contract: not timed).
+SCHEDULER_METHODS = ("on_new_request", "lookup", "submit_store", "submit_load",
+                     "get_finished_jobs", "take_events", "touch", "on_request_finished",
+                     "on_schedule_end", "get_stats")
+
+
+class CallClock:
+    """What a call's wall time was made of, for the thread that makes it.
+
+    The kernel has the thread in one of three states: on a CPU (``cpu``, its
+    CPU time), waiting on the run queue for one (``runq``,
+    ``/proc/thread-self/schedstat``, 0 where absent; read just outside the
+    wall-clock window, so it may exceed the wall time by the reads' own
+    wait), or asleep, the rest: on the GIL, since the tier's scheduler
+    methods take no lock another thread holds and do no I/O. ``gc`` says
+    what part of the window collections took, in any thread: in this one
+    they are CPU or run-queue time, in another the GIL is held meanwhile.
+    """
+
+    gc_s = 0.0  # seconds of garbage collection so far, every thread
+    _gc_start: ClassVar[dict[int, float]] = {}
+    _fds: ClassVar[dict[int, int]] = {}
+
+    @classmethod
+    def on_gc(cls, phase: str, info: dict[str, Any]) -> None:
+        tid = threading.get_ident()
+        if phase == "start":
+            cls._gc_start[tid] = time.perf_counter()
+        elif (t0 := cls._gc_start.pop(tid, None)) is not None:
+            cls.gc_s += time.perf_counter() - t0
+
+    @classmethod
+    def runq_s(cls) -> float:
+        """This thread's run-queue wait so far (seconds)."""
+        tid = threading.get_ident()
+        fd = cls._fds.get(tid)
+        try:
+            if fd is None:
+                fd = cls._fds[tid] = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            return int(os.pread(fd, 64, 0).split()[1]) / 1e9
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+    @classmethod
+    def now(cls) -> tuple[float, float, float, float]:
+        """(wall, cpu, runq, gc) seconds, to subtract from a later reading.
+
+        The wall clock is read last: reading schedstat releases the GIL, and
+        taking it back must not count as the call's time.
+        """
+        runq, gc_s, cpu = cls.runq_s(), cls.gc_s, time.thread_time()
+        return time.perf_counter(), cpu, runq, gc_s
+
+
+gc.callbacks.append(CallClock.on_gc)
+
+
+@dataclass
+class Slowest:
+    """The slowest of a kind of call, and what its wall time was made of (:class:`CallClock`)."""
+
+    ms: float = 0.0
+    method: str = ""
+    cpu_ms: float = 0.0
+    runq_ms: float = 0.0
+    gc_ms: float = 0.0
+
+    def note(self, method: str, start: tuple[float, float, float, float]) -> float:
+        """Account a call that began at ``start`` (:meth:`CallClock.now`); its seconds."""
+        took = time.perf_counter() - start[0]
+        if took * 1000 > self.ms:
+            end = time.perf_counter(), time.thread_time(), CallClock.runq_s(), CallClock.gc_s
+            self.ms, self.method = took * 1000, method
+            self.cpu_ms, self.runq_ms, self.gc_ms = ((end[i] - start[i]) * 1000
+                                                     for i in (1, 2, 3))
+        return took
+
+    @property
+    def text(self) -> str:
+        if not self.method:
+            return "-"
+        slept = max(0.0, self.ms - self.cpu_ms - self.runq_ms)
+        return (f"{self.ms:.1f} ms {self.method}: cpu {self.cpu_ms:.1f}, run queue "
+                f"{self.runq_ms:.1f}, slept {slept:.1f}; gc {self.gc_ms:.1f}")
+
+
 @dataclass
 class Score:
     faults: int = 0
@@ -46,7 +144,10 @@ class Score:
     leaks: int = 0
     rows_verified: int = 0
     calls: int = 0
-    max_call_ms: float = 0.0
+    #: The slowest manager call (vLLM's work and the harness's included).
+    max_call: Slowest = field(default_factory=Slowest)
+    #: The slowest call of one of the tier's own scheduler-thread methods.
+    max_tier: Slowest = field(default_factory=Slowest)
     kinds: Counter[str] = field(default_factory=Counter)
 
     def fault(self, kind: str, n: int = 1) -> None:
@@ -88,6 +189,8 @@ class Driver:
         Driver._live.add(id(self))
         self.h: Harness = build_harness(tiers, num_chunks=num_chunks, chunk_bytes=chunk_bytes,
                                         **kw)
+        for tier in self.h.tiers:
+            _time_tier_calls(tier, self.score)
         self.row_bytes = chunk_bytes
         self.expected: dict[bytes, bytes] = {}
         self._closed = False
@@ -99,7 +202,7 @@ class Driver:
     # -- timed, guarded scheduler calls ----------------------------------------------
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         s = self.score
-        start = time.perf_counter()
+        start = CallClock.now()
         try:
             return fn(*args)
         except Exception:
@@ -109,9 +212,8 @@ class Driver:
             traceback.print_exc()
             return None
         finally:
-            took = time.perf_counter() - start
+            took = s.max_call.note(getattr(fn, "__name__", "call"), start)
             s.calls += 1
-            s.max_call_ms = max(s.max_call_ms, took * 1000)
             if took > STEP_BOUND_S:
                 s.blocked += 1
 
@@ -252,6 +354,22 @@ class Driver:
             names = sorted(t.name for t in threading.enumerate() if t.ident in extra)
             print(f"kvstore fault driver: threads left behind: {names}")
         return leaked + len(extra)
+
+
+def _time_tier_calls(tier: Any, s: Score) -> None:
+    """Time every scheduler-thread method of ``tier`` vLLM's manager calls (on the
+    instance: the manager looks them up there), into ``s``."""
+    def timed(method: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kw: Any) -> Any:
+            start = CallClock.now()
+            try:
+                return fn(*args, **kw)
+            finally:
+                s.max_tier.note(method, start)
+        return call
+
+    for name in SCHEDULER_METHODS:
+        setattr(tier, name, timed(name, getattr(tier, name)))
 
 
 # -- object tampering through the backend's own byte API --------------------------------------

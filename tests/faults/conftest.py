@@ -6,6 +6,7 @@ tests/conftest.py), not duplicated.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -41,12 +42,12 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     tr = terminalreporter
     tr.section("kvstore fault matrix")
     cols = ("backend", "faults", "wrong_bytes", "exceptions", "blocked>50ms", "leaks",
-            "rows_verified", "calls", "max_call_ms")
+            "rows_verified", "calls", "max_call", "max_tier_call")
     tr.write_line(" | ".join(f"{c:>12}" for c in cols))
     for name in sorted(SCORES):
         s = SCORES[name]
         vals = (name, s.faults, s.wrong_bytes, s.exceptions, s.blocked, s.leaks,
-                s.rows_verified, s.calls, f"{s.max_call_ms:.1f}")
+                s.rows_verified, s.calls, s.max_call.text, s.max_tier.text)
         tr.write_line(" | ".join(f"{v!s:>12}" for v in vals))
     for name in sorted(SCORES):
         kinds = ", ".join(f"{k}={v}" for k, v in sorted(SCORES[name].kinds.items()))
@@ -54,5 +55,5 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     path = os.environ.get(REPORT_ENV)
     if path:
         with open(path, "w") as f:
-            json.dump({n: {**{k: v for k, v in vars(s).items() if k != "kinds"},
-                           "kinds": dict(s.kinds)} for n, s in SCORES.items()}, f, indent=2)
+            json.dump({n: {**dataclasses.asdict(s), "kinds": dict(s.kinds)}
+                       for n, s in SCORES.items()}, f, indent=2)
