@@ -132,8 +132,7 @@ class KVStoreTier(SecondaryTierManager):
                                                             ledger.counters, self._block_size_bytes)
         if policy is not None:
             ledger.report_admission = policy.report
-        #: Load jobs with a deadline still in flight (scanned by get_finished_jobs).
-        self._deadlined: dict[int, Job] = {}
+        self._deadlined: dict[int, Job] = {}  # loads with a deadline, in flight
         self._ready: deque[JobResult] = deque()  # refused at submit, reported next poll
         #: Backpressure: bytes of store jobs submitted and not yet reported (scheduler thread).
         self._store_bytes_in_flight = 0
