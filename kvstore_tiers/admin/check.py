@@ -42,6 +42,10 @@ class CheckReport:
     load_ms: float = 0.0
     block_bytes: int = 0
     stored_bytes: int = 0
+    #: Read back by a second engine (a restart); False where the backend's objects
+    #: do not outlive their engine (``Backend.persistent``), so the storing engine
+    #: reads the block back after dropping it from its primary.
+    restarted: bool = True
     error: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -71,9 +75,13 @@ def check_tier(tier: Mapping[str, Any], *, block_bytes: int = 256 << 10,
     so this checks what ``vllm serve`` would build. One random block is
     stored by a first manager, which is shut down; a second manager (a
     restarted engine) looks it up, which asks the backend, and loads it; the
-    bytes are compared. Both run in a namespace of the check's own, removed
-    at the end (see the module docstring). Never raises for a tier problem:
-    the report carries the error message.
+    bytes are compared. A backend whose objects go with their engine
+    (``persistent = False``, an in-process store) cannot be read by a
+    restart: there the first manager drops the block from its primary and
+    loads it back from the tier itself (``report.restarted`` is False). Both
+    run in a namespace of the check's own, removed at the end (see the module
+    docstring). Never raises for a tier problem: the report carries the error
+    message.
     """
     import numpy as np
 
@@ -82,18 +90,17 @@ def check_tier(tier: Mapping[str, Any], *, block_bytes: int = 256 << 10,
     kind = backend_type(tier) if "type" in tier else "?"
     rep = CheckReport(tier_type=kind, ok=False, block_bytes=block_bytes)
     try:
-        validate_tier(tier)
+        backend_cls, _ = validate_tier(tier)
     except ConfigError as exc:
         rep.error = str(exc)
         return rep
+    rep.restarted = backend_cls.persistent
     salt = f"{tier.get('namespace_salt') or ''}|kvstore-check-{uuid.uuid4().hex}"
     scratch = {**tier, "namespace_salt": salt}
     key = make_keys(1, seed=int(time.time_ns() % (1 << 31)))
     rows = np.random.default_rng().integers(0, 256, (1, block_bytes), dtype=np.uint8)
     try:
-        rep.error = _store(build_harness, scratch, key, rows, rep, timeout_s)
-        if not rep.error:
-            rep.error = _load(build_harness, scratch, key, rows, rep, timeout_s)
+        rep.error = _round_trip(build_harness, scratch, key, rows, rep, timeout_s)
         rep.ok = not rep.error
     except ImportError:
         raise  # a missing optional package is the installation's problem, not the tier's
@@ -110,50 +117,61 @@ def check_tier(tier: Mapping[str, Any], *, block_bytes: int = 256 << 10,
     return rep
 
 
-def _store(build: Any, tier: dict[str, Any], key: list[bytes], rows: Any, rep: CheckReport,
-           timeout_s: float) -> str:
-    """First engine: store the block, fill the report's static fields; '' or an error."""
-    block_bytes = rows.shape[1]
-    h = build([tier], num_chunks=4, chunk_bytes=block_bytes)
+def _round_trip(build: Any, tier: dict[str, Any], key: list[bytes], rows: Any,
+                rep: CheckReport, timeout_s: float) -> str:
+    """Store with a first engine, shut it down, load with a second one (a restart);
+    where the objects go with their engine, the first loads the block back after
+    forgetting its primary. '' or an error."""
+    first = build([tier], num_chunks=4, chunk_bytes=rows.shape[1])
     try:
-        t = h.tiers[0]
-        rep.backend = t.backend.describe()
-        rep.namespace = t.namespace.name
-        rep.codec = t.codec_id.name.lower()
-        rep.o_direct = getattr(t.backend, "use_o_direct", None)
-        t0 = time.perf_counter()
-        ctx = h.store(key, rows)
-        h.settle(timeout_s)
-        rep.store_ms = (time.perf_counter() - t0) * 1e3
-        h.finish_request(ctx)
-        c = t.counters
-        if c.objects_stored + c.objects_skipped < 1:
-            return f"store failed ({c.store_failures} failures, {c.stores_dropped} dropped)"
-        rep.stored_bytes = c.stored_bytes_written
-        return ""
+        error = _store(first, key, rows, rep, timeout_s)
+        if not error and not rep.restarted:
+            first.forget_primary()
+            error = _load(first, key, rows, rep, timeout_s)
     finally:
-        h.shutdown()
+        first.shutdown()
+    if error or not rep.restarted:
+        return error
+    second = build([tier], num_chunks=4, chunk_bytes=rows.shape[1])
+    try:
+        return _load(second, key, rows, rep, timeout_s)
+    finally:
+        with contextlib.suppress(Exception):
+            second.shutdown()
 
 
-def _load(build: Any, tier: dict[str, Any], key: list[bytes], rows: Any, rep: CheckReport,
-          timeout_s: float) -> str:
-    """Second engine: look the block up (asking the backend) and load it; '' or an error."""
+def _store(h: Any, key: list[bytes], rows: Any, rep: CheckReport, timeout_s: float) -> str:
+    """Store the block through ``h``, fill the report's static fields; '' or an error."""
+    t = h.tiers[0]
+    rep.backend = t.backend.describe()
+    rep.namespace = t.namespace.name
+    rep.codec = t.codec_id.name.lower()
+    rep.o_direct = getattr(t.backend, "use_o_direct", None)
+    t0 = time.perf_counter()
+    ctx = h.store(key, rows)
+    h.settle(timeout_s)
+    rep.store_ms = (time.perf_counter() - t0) * 1e3
+    h.finish_request(ctx)
+    c = t.counters
+    if c.objects_stored + c.objects_skipped < 1:
+        return f"store failed ({c.store_failures} failures, {c.stores_dropped} dropped)"
+    rep.stored_bytes = c.stored_bytes_written
+    return ""
+
+
+def _load(h: Any, key: list[bytes], rows: Any, rep: CheckReport, timeout_s: float) -> str:
+    """Look the block up through ``h`` (asking the tier) and load it; '' or an error."""
     import numpy as np
     from vllm.v1.kv_offload.base import LookupResult
 
-    h = build([tier], num_chunks=4, chunk_bytes=rows.shape[1])
-    try:
-        ctx = h.new_request()
-        t0 = time.perf_counter()
-        results, _steps = h.lookup_until_resolved(key, ctx, max_steps=int(timeout_s * 100))
-        if results[0] is not LookupResult.HIT:
-            return f"block stored but the lookup answered {results[0].name}"
-        back = h.load(key, ctx)
-        rep.load_ms = (time.perf_counter() - t0) * 1e3
-        h.finish_request(ctx)
-        if not np.array_equal(back[0], rows[0]):
-            return "block read back differs from the block written"
-        return ""
-    finally:
-        with contextlib.suppress(Exception):
-            h.shutdown()
+    ctx = h.new_request()
+    t0 = time.perf_counter()
+    results, _steps = h.lookup_until_resolved(key, ctx, max_steps=int(timeout_s * 100))
+    if results[0] is not LookupResult.HIT:
+        return f"block stored but the lookup answered {results[0].name}"
+    back = h.load(key, ctx)
+    rep.load_ms = (time.perf_counter() - t0) * 1e3
+    h.finish_request(ctx)
+    if not np.array_equal(back[0], rows[0]):
+        return "block read back differs from the block written"
+    return ""

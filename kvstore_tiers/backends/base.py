@@ -101,6 +101,9 @@ class Backend(ABC):
     config_model: ClassVar[type[TierConfig]] = TierConfig
     #: True for network backends: drives compression=auto, default locality, backpressure.
     remote: ClassVar[bool] = False
+    #: Objects outlive this instance (a restarted engine or another process reads them);
+    #: False for an in-process store whose objects go with its engine.
+    persistent: ClassVar[bool] = True
     #: ``delete_many`` is one native batch (not the default loop over ``delete``).
     supports_delete_many: ClassVar[bool] = False
     #: ``touch_many`` does something (LRU / TTL refresh): the core sends it touches.

@@ -30,8 +30,9 @@ def check(block_size: str, timeout_s: float, as_json: bool, **store: Any) -> Non
     The tier is built by vLLM's own factory inside vLLM's real
     TieringOffloadingManager, exactly as `vllm serve` would build it: one
     engine stores a block, a second one (a restart) finds it in the store and
-    loads it back. Exits 1 if any tier fails, with a message naming the wrong
-    key, endpoint or credential.
+    loads it back (for a store whose objects go with their engine, such as the
+    memory plugin's, the first engine loads it back itself). Exits 1 if any
+    tier fails, with a message naming the wrong key, endpoint or credential.
 
     The check leaves no trace: it works in a namespace of its own (a random
     namespace_salt) and removes it afterwards, its run config and
@@ -70,6 +71,8 @@ def check(block_size: str, timeout_s: float, as_json: bool, **store: Any) -> Non
                       f"{r.stored_bytes} B")
             t.add_row("store latency", f"{r.store_ms:.1f} ms (cascade primary -> tier)")
             t.add_row("load latency", f"{r.load_ms:.1f} ms (first lookup -> HIT in primary)")
+            t.add_row("read back by", "a second engine (a restart)" if r.restarted else
+                      "the same engine: this store's objects do not outlive it")
             console.print(t)
     if not all(r.ok for r in reports):
         sys.exit(1)

@@ -15,19 +15,16 @@ from kvstore_tiers.cli._common import require_extra
 
 
 def _load_tier_config(value: str | None) -> list[dict[str, Any]] | None:
-    """``--config``: a JSON file or JSON string; a dict or a list of dicts."""
+    """``--config``: JSON text or a JSON file's path, read as the admin commands read it."""
+    from kvstore_tiers.admin.config import parse_tiers
+    from kvstore_tiers.errors import ConfigError
+
     if value is None:
         return None
-    text = Path(value).read_text() if Path(value).is_file() else value
     try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise click.BadParameter(f"not a JSON file or JSON string: {exc}") from exc
-    if isinstance(data, dict):
-        data = data.get("secondary_tiers", [data])
-    if not isinstance(data, list) or not all(isinstance(t, dict) and "type" in t for t in data):
-        raise click.BadParameter('expected a tier dict or a list of them, each with a "type"')
-    return data
+        return parse_tiers(value)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), param_hint="--config") from None
 
 
 @click.command()

@@ -4,6 +4,8 @@ redis-server / moto S3 fixtures come from tests/servers.py through tests/conftes
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,31 @@ def invoke(*args: str) -> Result:
     from kvstore_tiers.cli import main
 
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
+
+
+#: A child that runs the CLI as if ``blocked`` (top-level modules) were not installed.
+_BLOCKED_CLI = """
+import sys
+blocked = set(sys.argv[1].split(","))
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+sys.meta_path.insert(0, Blocker())
+from kvstore_tiers.cli import main
+sys.argv = ["kvstore-tiers", *sys.argv[2:]]
+main()
+"""
+
+
+def run_without(blocked: str, *args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``kvstore-tiers <args>`` in a child that cannot import the comma-separated
+    top-level modules ``blocked`` (as if their extra were not installed)."""
+    return subprocess.run([sys.executable, "-c", _BLOCKED_CLI, blocked, *args],
+                          capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env={**os.environ, "AWS_ACCESS_KEY_ID": "x",
+                               "AWS_SECRET_ACCESS_KEY": "y"})
 
 
 def populate(harness_factory: Callable[..., Any], tier: dict[str, Any], n: int = 8,

@@ -2,28 +2,9 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-from .conftest import invoke
-
-#: A child that runs the CLI as if ``blocked`` (top-level modules) were not installed.
-_BLOCKED_CLI = """
-import sys
-blocked = set(sys.argv[1].split(","))
-class Blocker:
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in blocked:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-sys.meta_path.insert(0, Blocker())
-from kvstore_tiers.cli import main
-sys.argv = ["kvstore-tiers", *sys.argv[2:]]
-main()
-"""
+from .conftest import invoke, run_without
 
 
 def _commands() -> list[str]:
@@ -42,13 +23,6 @@ def test_every_help_text_renders_without_printf_escapes() -> None:
         assert "%%" not in out.output, cmd
 
 
-def _run_without(blocked: str, *args: str, tmp_path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", _BLOCKED_CLI, blocked, *args],
-                          capture_output=True, text=True, timeout=120, cwd=tmp_path,
-                          env={**os.environ, "AWS_ACCESS_KEY_ID": "x",
-                               "AWS_SECRET_ACCESS_KEY": "y"})
-
-
 @pytest.mark.parametrize(("blocked", "args", "extra"), [
     ("vllm", ("check", "--fs", "kv"), "vllm"),
     ("torch", ("check", "--fs", "kv"), "vllm"),
@@ -59,7 +33,7 @@ def _run_without(blocked: str, *args: str, tmp_path) -> subprocess.CompletedProc
 ], ids=["check-vllm", "check-torch", "bench-vllm", "demo-torch", "stats-s3", "stats-redis"])
 def test_a_missing_extra_is_one_line(blocked: str, args: tuple[str, ...], extra: str,
                                      tmp_path) -> None:
-    res = _run_without(blocked, *args, tmp_path=tmp_path)
+    res = run_without(blocked, *args, cwd=tmp_path)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 1, res.stderr
     assert "Traceback" not in res.stderr

@@ -12,6 +12,8 @@ Scenarios:
   compare the bytes in the primary with what was stored.
 * ``unknown``: the same config in a process without the plugin; report the
   error of each route (registered name; ``module_path`` route).
+* ``check``: ``kvstore-tiers check --config '{"type": "memory"}'``, as JSON
+  and as text; report the exit codes, the JSON report and the text.
 """
 
 from __future__ import annotations
@@ -79,9 +81,21 @@ def unknown() -> dict[str, Any]:
     return out
 
 
+def check() -> dict[str, Any]:
+    from click.testing import CliRunner
+
+    from kvstore_tiers.cli import main as cli
+
+    args = ["check", "--config", '{"type": "memory"}']
+    as_json = CliRunner().invoke(cli, [*args, "--json"], catch_exceptions=False)
+    as_text = CliRunner().invoke(cli, args, catch_exceptions=False)
+    return {"json_exit": as_json.exit_code, "report": json.loads(as_json.stdout)[0],
+            "text_exit": as_text.exit_code, "text": as_text.stdout}
+
+
 def main() -> int:
     scenario = sys.argv[1]
-    result = {"roundtrip": roundtrip, "unknown": unknown}[scenario]()
+    result = {"roundtrip": roundtrip, "unknown": unknown, "check": check}[scenario]()
     # vLLM logs to stdout too: mark our line so the parent can find it.
     print(RESULT_PREFIX + json.dumps(result), flush=True)
     return 0

@@ -137,6 +137,19 @@ def test_plugin_tier_round_trip_in_vllm_manager(plugin_site: Path) -> None:
     assert r["byte_exact"], "promoted rows differ from the stored ones"
 
 
+def test_check_round_trips_a_memory_tier_in_one_engine(plugin_site: Path) -> None:
+    """A memory tier's objects go with its engine, so check's restart could never
+    find them: the storing engine reads the block back, and the output says so."""
+    r = run_child("check", plugin_site)
+    rep = r["report"]
+    assert r["json_exit"] == 0 and rep["ok"], rep["error"]
+    assert rep["restarted"] is False
+    assert rep["backend"].startswith("memory (in-process")
+    assert rep["stored_bytes"] > rep["block_bytes"]  # a frame: header + the block
+    assert r["text_exit"] == 0
+    assert "read back by" in r["text"] and "do not outlive it" in r["text"]
+
+
 def test_without_plugin_the_same_config_fails_clearly() -> None:
     r = run_child("unknown", None)
     # Registered-name route: our vllm.general_plugins entry point registers

@@ -325,6 +325,9 @@ def main(argv: list[str] | None = None) -> None:
                     "%(default)s, its default)")
     ap.add_argument("--json", type=Path, help="write the full result here")
     args = ap.parse_args(argv)
+    if not args.trace.is_file():
+        ap.error(f"argument trace: {args.trace} is not a file (the Mooncake trace: "
+                 "docs/write-economics.md, Method)")
     watermarks = None
     if args.watermarks:
         try:

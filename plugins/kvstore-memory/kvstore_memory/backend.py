@@ -63,6 +63,8 @@ class MemoryBackend(Backend):
     # Local and fast: no compression by default (compression=auto -> none),
     # locality LOCAL, no default network backpressure.
     remote = False
+    # Objects live in this instance, in the engine's process: a restart starts empty.
+    persistent = False
     # LRU: a reuse the primary reports refreshes an object's recency.
     supports_touch = True
 
