@@ -86,7 +86,6 @@ class PrimaryRows:
             self._flat = None
 
 
-
 @dataclass(frozen=True, slots=True)
 class TransferContext:
     """What every job of one tier needs, built once by the tier and shared."""
@@ -264,7 +263,7 @@ class Job(PoolJob):
         A store job stays referenced by the presence index as its keys'
         receipt; only ``done`` matters then.
         """
-        self.keys, self.summary = (), None
+        self.keys, self.summary, self.declined = (), None, ()
 
 
 class TouchJob(PoolJob):
