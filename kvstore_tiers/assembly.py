@@ -26,6 +26,7 @@ from kvstore_tiers.fingerprint import FingerprintError
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.namespace import Namespace
 from kvstore_tiers.pool import IOPool
+from kvstore_tiers.readthrough import Intake, intake_for, register
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingEvent, OffloadingSpec
@@ -150,3 +151,15 @@ def store_backlog_bound(configured: int | None, primary_bytes: int) -> float:
     if configured is None:
         return primary_bytes / 2
     return configured or float("inf")
+
+
+def read_through(offloading_spec: OffloadingSpec, config: TierConfig, tier_type: str,
+                 row_bytes: int) -> tuple[Intake | None, Intake]:
+    """The intake of the tier that caches this one (``read_through`` on a tier
+    listed before it; None: none does), and this tier's own intake, registered
+    for the tiers after it when it sets ``read_through``."""
+    caching = intake_for(offloading_spec)
+    own = Intake(tier_type, row_bytes, config.read_through_max_bytes)
+    if config.read_through:
+        register(offloading_spec, own)
+    return caching, own

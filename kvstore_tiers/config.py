@@ -122,6 +122,17 @@ class TierConfig(BaseModel):
     locality: Literal["LOCAL", "REMOTE"] | None = Field(
         None, description="Locality reported to vLLM; default LOCAL for fs, REMOTE otherwise."
     )
+    read_through: bool = Field(
+        False, description="This tier caches the kvstore tiers listed after it in "
+        "secondary_tiers: a block vLLM promotes from one of them is also written here, in "
+        "the background, as this tier writes any block (its admission, capacity, checksum). "
+        "A node-local fs tier in front of a shared S3 bucket or Redis (docs/fleet.md).",
+    )
+    read_through_max_bytes: int = Field(
+        1 << 30, ge=1 << 20, le=1 << 40, description="read_through: bytes of loaded blocks "
+        "copied and waiting to be written here; past it a loaded block is not cached "
+        "(counted in read_through_dropped).",
+    )
     load_timeout_s: float | None = Field(
         None, gt=0, le=3600,
         description="Deadline of one load job; past it the job fails (recompute)."

@@ -110,6 +110,9 @@ class TransferContext:
     #: The load trace (:mod:`kvstore_tiers.loadtrace`); None: off, and a load
     #: pays this one test for it.
     trace: LoadTrace | None = None
+    #: The caching tier's intake (:mod:`kvstore_tiers.readthrough`), offered
+    #: every batch of loaded rows; None: no tier caches this one.
+    fill: Callable[[Sequence[bytes], Sequence[memoryview]], None] | None = None
     #: The backend's batch calls, chosen once (:func:`kvstore_tiers.batching.batch_calls`).
     store_many: Callable[[Sequence[StoreItem], FrameCodec], list[Result]] = field(init=False)
     load_many: Callable[[Sequence[LoadItem], FrameCodec], list[Result]] = field(init=False)
@@ -346,6 +349,19 @@ def _load(job: Job, codec: FrameCodec, start: int, stop: int, load_many: LoadMan
         job.stored_bytes[s] = res
         if deadlined:
             _land(job, s, item.dest)
+    if ctx.fill is not None:
+        _offer(ctx.fill, items, results)
+
+
+def _offer(fill: Callable[[Sequence[bytes], Sequence[memoryview]], None],
+           items: list[LoadItem], results: list[Result]) -> None:
+    """Offer the batch's verified rows to the caching tier (read-through), while
+    they are hot; best effort: a block not cached is only read again from here."""
+    ok = [item for item, res in zip(items, results, strict=True)
+          if not isinstance(res, BaseException)]
+    if ok:
+        with contextlib.suppress(Exception):
+            fill([item.key for item in ok], [item.dest for item in ok])
 
 
 def _land(job: Job, slot: int, scratch: memoryview) -> None:

@@ -235,6 +235,13 @@ class Ledger:
         return JobResult(job_id=job.job_id, success=False, successful_keys=tuple(ok) or None,
                          transfer_time=job.transfer_time)
 
+    def filled(self, job: Job) -> None:
+        """Apply a finished read-through fill (:mod:`kvstore_tiers.readthrough`):
+        a store of this tier that vLLM never submitted, so no JobResult."""
+        written = job.summary.written if job.summary is not None else 0
+        self.completed(job)
+        self.counters.read_through_stored += written
+
     def _apply_store(self, job: Job, s: Summary) -> None:
         # No per-key work for stored keys: the job, their receipt, makes all
         # of them stored; failed and not admitted ones are forgotten.

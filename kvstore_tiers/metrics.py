@@ -39,6 +39,10 @@ COUNTERS: dict[str, str] = {
     "transfers_cancelled": "Objects whose store or load was cancelled before it started "
                            "(drain_jobs: reset_cache, sleep, shutdown).",
     "objects_evicted": "Objects removed by the tier's capacity control.",
+    "read_through_stored": "Objects written here by read-through: blocks promoted from a "
+                           "tier listed after this one (also in objects_stored).",
+    "read_through_dropped": "Blocks promoted from a later tier and not cached here: the "
+                            "copies waiting held read_through_max_bytes, or the queue was full.",
 }
 GAUGES: dict[str, str] = {
     "healthy": "1 while the backend is healthy (circuit closed), 0 otherwise.",
@@ -78,6 +82,8 @@ class TierCounters:
     stores_not_admitted_cold: int = 0
     transfers_cancelled: int = 0
     objects_evicted: int = 0
+    read_through_stored: int = 0
+    read_through_dropped: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)

@@ -13,13 +13,13 @@ Threading contract (vLLM contract sections 4.0-4.16):
   becomes a failed job or a MISS, logged through a
   :class:`~kvstore_tiers.log.SchedulerLogger` (a thread of its own writes it).
 * Scheduler-owned state (``_deadlined``, ``_ready``, the ledger's presence
-  index, verdicts, counters and breaker) is touched only on that thread. I/O
-  threads touch only the jobs they were handed and the rows those jobs own;
-  completion comes back through the pool's ``finished`` deque.
-* vLLM calls ``lookup``, ``submit_*`` and ``get_finished_jobs`` for every
-  block and step, so they allocate as little as they can: every container
-  they make counts towards CPython's next cyclic-GC pass, which runs on
-  whichever thread crosses the threshold (see :class:`~kvstore_tiers.pool.PoolJob`).
+  index, verdicts, counters, breaker) is touched only on that thread; I/O
+  threads touch only their jobs and those jobs' rows, and hand finished jobs
+  back through the pool's ``finished`` deque (read-through offers, through
+  the tier's :class:`~kvstore_tiers.readthrough.Intake`).
+* ``lookup``, ``submit_*`` and ``get_finished_jobs`` run for every block and
+  step, so they allocate as little as they can (each container brings the
+  next cyclic-GC pass closer: :class:`~kvstore_tiers.pool.PoolJob`).
 
 A key whose load failed answers MISS until its verdict ends
 (:mod:`kvstore_tiers.ledger`: vllm#49328, #49176), so a doomed promotion is
@@ -48,7 +48,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from kvstore_tiers import assembly, loadtrace
+from kvstore_tiers import assembly, loadtrace, readthrough
 from kvstore_tiers.backends.base import Backend
 from kvstore_tiers.codecs import resolve_compression
 from kvstore_tiers.config import TierConfig, validate_config, warn_inline_secrets
@@ -105,6 +105,8 @@ class KVStoreTier(SecondaryTierManager):
             backpressure_detector = assembly.default_detector(remote, tier_type, config)
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.config = config
+        caching, self.intake = assembly.read_through(offloading_spec, config, tier_type,
+                                                      self._block_size_bytes)
         self.locality = Locality(config.locality or ("REMOTE" if remote else "LOCAL"))
         cipher = assembly.open_cipher(config)
         self.encrypted = cipher is not None
@@ -142,7 +144,7 @@ class KVStoreTier(SecondaryTierManager):
             self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
             self.locality, ledger.events is not None, RateLimitedLogger(logger, interval_s=30.0),
             None if policy is None else policy.seen, None if policy is None else policy.admit,
-            trace=self.load_trace)
+            trace=self.load_trace, fill=None if caching is None else caching.offer)
         self._pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
                                          tuning.header_align, cipher)
         self._lookup = ExistenceCheck(self._ctx)
@@ -203,11 +205,17 @@ class KVStoreTier(SecondaryTierManager):
         try:
             if self._evicted_keys:
                 self._ledger.forget_evicted(self._evicted_keys, self.medium, self.locality)
+            if self.intake.offers:  # read-through: blocks later tiers loaded
+                readthrough.fill_jobs(self.intake, self._ctx, self.presence, self._pool,
+                                      self._store_batch)
             while self._ready:
                 results.append(self._ready.popleft())
             finished = self._pool.finished
             while finished:
                 job = finished.popleft()
+                if isinstance(job, readthrough.FillJob):
+                    self._ledger.filled(job)
+                    continue
                 if not isinstance(job, Job) or job.reported:
                     continue  # a background touch, or a job already failed at its deadline
                 if job.deadline is not None:
@@ -229,6 +237,7 @@ class KVStoreTier(SecondaryTierManager):
                     results.append(self._ledger.expired(job))
             if self.load_trace is not None:
                 self.load_trace.picked(results)
+            self.metrics.counters.read_through_dropped = self.intake.not_cached
         except Exception:
             self._log.exception("kvstore tier %s: get_finished_jobs failed", self.tier_type)
         return results
@@ -285,6 +294,7 @@ class KVStoreTier(SecondaryTierManager):
         if self._closed:
             return
         self._closed = True
+        readthrough.unregister(self._offloading_spec, self.intake)
         steps = [self._lookup.shutdown, self._pool.shutdown, self.backend.close]
         if self.admission is not None:
             steps.insert(0, self.admission.close)  # its probe thread reads the backend
@@ -302,17 +312,12 @@ class KVStoreTier(SecondaryTierManager):
         self._log.close()  # writes what the scheduler thread logged
 
     # ------------------------------------------------------------- inspection
-    @property
-    def counters(self) -> Any:
-        """Cumulative counters of this tier (process lifetime)."""
-        return self.metrics.counters
+    counters = property(lambda self: self.metrics.counters, doc="Cumulative counters.")
 
-    @property
-    def load_timeouts(self) -> int:
-        """Load jobs reported failed at their deadline while an I/O thread still ran."""
-        return self._ledger.load_timeouts
+    load_timeouts = property(lambda self: self._ledger.load_timeouts, doc="Load jobs reported "
+                             "failed at their deadline while an I/O thread still ran.")
 
-    def __repr__(self) -> str:
+    def __repr__(self) -> str:  # never a secret: describe() redacts
         return f"{type(self).__name__}(type={self.tier_type!r}, {self.backend.describe()})"
 
     # ---------------------------------------------------------------- internals
@@ -330,18 +335,15 @@ class KVStoreTier(SecondaryTierManager):
         self._ready.append(result)
 
     def _submit(self, tj: TransferJob, is_load: bool) -> None:
-        # Scheduler thread: keep this to bulk operations; the I/O threads
-        # split the job, name the objects and condense the outcomes.
-        # vLLM's own list, not a copy (see Job); any other collection is copied.
+        # Bulk operations only: the I/O threads split the job, name the objects and
+        # condense the outcomes. vLLM's own key list, not a copy (see Job).
         keys = tj.keys if type(tj.keys) is list else list(tj.keys)
         cids = tj.chunk_ids
         cids = cids.tolist() if isinstance(cids, np.ndarray) else [int(c) for c in cids]
         n_rows = self.rows.count
         if len(cids) != len(keys) or (cids and (min(cids) < 0 or max(cids) >= n_rows)):
-            self._warn.warning(
-                "bad-chunk", "kvstore tier %s: job %d has chunk ids outside [0, %d); failing it",
-                self.tier_type, tj.job_id, n_rows,
-            )
+            self._warn.warning("bad-chunk", "kvstore tier %s: job %d has chunk ids outside "
+                               "[0, %d); failing it", self.tier_type, tj.job_id, n_rows)
             self._fail_now(tj.job_id, tj, is_load)
             return
         if self._closed or not self.breaker.allow():
@@ -391,10 +393,8 @@ class KVStoreTier(SecondaryTierManager):
             self._deadlined.pop(tj.job_id, None)
             if not is_load:
                 self.presence.discard_receipt(keys, job)
-            self._warn.warning(
-                "queue-full", "kvstore tier %s: I/O queue full (%d chunks); failing job",
-                self.tier_type, self._pool.queued_chunks,
-            )
+            self._warn.warning("queue-full", "kvstore tier %s: I/O queue full (%d chunks); "
+                               "failing job", self.tier_type, self._pool.queued_chunks)
             self._fail_now(tj.job_id, tj, is_load)
         elif not is_load:
             self._store_bytes_in_flight += nbytes

@@ -1,0 +1,150 @@
+"""Read-through: a block promoted from a later tier also lands in the caching tier.
+
+Through vLLM's real manager with two secondary tiers, a node-local fs tier in
+front of a real remote (redis-server, moto S3): engine A stores to both; a
+fresh engine B with an empty fs root is served from the remote, and with
+``read_through`` the blocks it loaded end up in its own fs root, so that once
+its CPU tier forgot them they come from fs, not from the remote again.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from vllm.v1.kv_offload.base import LookupResult
+
+from kvstore_tiers.admin.harness import make_keys
+from kvstore_tiers.errors import ConfigError
+
+from ..conftest import rows_like
+from ..faults.common import corrupt
+
+ROW = 64 << 10
+N = 8
+HIT = LookupResult.HIT
+
+
+@pytest.fixture(params=["redis", "s3"])
+def remote(request: pytest.FixtureRequest) -> dict[str, Any]:
+    if request.param == "redis":
+        return {"type": "redis", "url": request.getfixturevalue("redis_server").url}
+    return request.getfixturevalue("tier_config")()
+
+
+def fs(root: Path, **keys: Any) -> dict[str, Any]:
+    return {"type": "fs", "root_dir": str(root), **keys}
+
+
+def step_until(h: Any, done: Any, timeout_s: float = 30.0) -> None:
+    """Step the manager until ``done()`` (fills are no vLLM job: settle() cannot wait on them)."""
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        assert time.monotonic() < deadline, "read-through fill did not finish"
+        h.step()
+        time.sleep(0.005)
+
+
+def promote(h: Any, keys: list[bytes]) -> np.ndarray:
+    """A new request finds ``keys`` in a secondary tier and loads them; its rows."""
+    ctx = h.new_request()
+    results, _ = h.lookup_until_resolved(keys, ctx, max_steps=5000)  # a loaded machine
+    assert results == [HIT] * len(keys)
+    rows = h.load(keys, ctx)
+    h.settle()
+    h.finish_request(ctx)
+    return rows
+
+
+def objects(root: Path) -> int:
+    return len(list(root.rglob("*.kvf")))
+
+
+def stored_by_a(harness_factory: Any, tmp_path: Path, remote: dict[str, Any]
+                ) -> tuple[list[bytes], np.ndarray]:
+    keys, rows = make_keys(N, seed=7), rows_like(N, ROW, seed=7)
+    a = harness_factory([fs(tmp_path / "a"), remote], num_chunks=64, chunk_bytes=ROW)
+    a.store_all(keys, rows)
+    return keys, rows
+
+
+def test_blocks_loaded_from_the_remote_are_cached_in_the_local_tier(
+    harness_factory: Any, tmp_path: Path, remote: dict[str, Any]
+) -> None:
+    keys, rows = stored_by_a(harness_factory, tmp_path, remote)
+    b = harness_factory([fs(tmp_path / "b", read_through=True), remote], num_chunks=64,
+                        chunk_bytes=ROW)
+    local, far = b.tiers
+    assert np.array_equal(promote(b, keys), rows)
+    assert far.counters.objects_loaded == N and local.counters.objects_loaded == 0
+    step_until(b, lambda: local.counters.read_through_stored == N)
+    assert objects(tmp_path / "b") == N
+    assert local.counters.objects_stored == N and local.counters.read_through_dropped == 0
+
+    b.forget_primary()  # the CPU tier forgot them: the local tier serves them now
+    assert np.array_equal(promote(b, keys), rows)
+    assert local.counters.objects_loaded == N and far.counters.objects_loaded == N
+
+
+def test_without_read_through_the_local_tier_stays_empty(
+    harness_factory: Any, tmp_path: Path, remote: dict[str, Any]
+) -> None:
+    keys, rows = stored_by_a(harness_factory, tmp_path, remote)
+    b = harness_factory([fs(tmp_path / "b"), remote], num_chunks=64, chunk_bytes=ROW)
+    local, far = b.tiers
+    assert np.array_equal(promote(b, keys), rows)
+    b.forget_primary()
+    assert np.array_equal(promote(b, keys), rows)
+    assert far.counters.objects_loaded == 2 * N and objects(tmp_path / "b") == 0
+    assert local.counters.read_through_stored == 0
+
+
+def test_a_block_is_written_once_and_a_corrupt_one_never(
+    harness_factory: Any, tmp_path: Path, redis_server: Any
+) -> None:
+    remote = {"type": "redis", "url": redis_server.url}
+    keys, rows = stored_by_a(harness_factory, tmp_path, remote)
+    b = harness_factory([fs(tmp_path / "b", read_through=True), remote], num_chunks=64,
+                        chunk_bytes=ROW)
+    local, far = b.tiers
+    corrupt(far, keys[3])  # the remote's copy of block 3 fails its checksum
+    ctx = b.new_request()
+    results, _ = b.lookup_until_resolved(keys[:3], ctx, max_steps=5000)
+    assert results == [HIT] * 3
+    b.load(keys[:3], ctx)
+    b.settle()
+    results, _ = b.lookup_until_resolved(keys[3:4], ctx, max_steps=5000)
+    if results == [HIT]:  # found, then its load fails the frame check: a miss, never bytes
+        b.load(keys[3:4], ctx)
+        b.settle()
+    b.finish_request(ctx)
+    step_until(b, lambda: local.counters.read_through_stored == 3)
+    assert far.counters.corrupt_objects == 1 and objects(tmp_path / "b") == 3
+
+    # The same blocks offered again (as by a second load from the remote) are not rewritten.
+    local.intake.offer(keys[:3], [memoryview(r) for r in rows[:3]])
+    b.step()
+    step_until(b, lambda: not local.intake.offers)
+    assert local.counters.objects_stored == 3 and local.counters.read_through_stored == 3
+
+
+def test_copies_waiting_are_bounded(harness_factory: Any, tmp_path: Path) -> None:
+    row = 512 << 10  # read_through_max_bytes is at least 1 MiB: two rows
+    b = harness_factory([fs(tmp_path / "b", read_through=True, read_through_max_bytes=1 << 20),
+                         fs(tmp_path / "far")], num_chunks=16, chunk_bytes=row)
+    local = b.tiers[0]
+    keys, rows = make_keys(3, seed=9), rows_like(3, row, seed=9)
+    local.intake.offer(keys, [memoryview(r) for r in rows])  # three rows do not fit
+    local.intake.offer(keys[:2], [memoryview(r) for r in rows[:2]])
+    step_until(b, lambda: local.counters.read_through_stored == 2)
+    assert local.counters.read_through_dropped == 3 and objects(tmp_path / "b") == 2
+
+
+def test_one_tier_of_a_manager_may_read_through(harness_factory: Any, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="read_through"):
+        harness_factory([fs(tmp_path / "1", read_through=True),
+                         fs(tmp_path / "2", read_through=True), fs(tmp_path / "3")],
+                        num_chunks=16, chunk_bytes=4096)
