@@ -47,7 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vllm.v1.kv_offload.base import Locality, Medium
 
@@ -59,6 +59,9 @@ from kvstore_tiers.loadtrace import LoadTrace
 from kvstore_tiers.outcome import Summary, summarise
 from kvstore_tiers.pool import PoolJob
 from kvstore_tiers.ratelimit import RateLimitedLogger
+
+if TYPE_CHECKING:
+    from kvstore_tiers.readthrough import Intake, Part
 
 
 class PrimaryRows:
@@ -110,9 +113,10 @@ class TransferContext:
     #: The load trace (:mod:`kvstore_tiers.loadtrace`); None: off, and a load
     #: pays this one test for it.
     trace: LoadTrace | None = None
-    #: The caching tier's intake (:mod:`kvstore_tiers.readthrough`), offered
-    #: every batch of loaded rows; None: no tier caches this one.
-    fill: Callable[[Sequence[bytes], Sequence[memoryview]], None] | None = None
+    #: The caching tier's intake (:mod:`kvstore_tiers.readthrough`): copies of
+    #: each load batch's rows, offered when the job finishes; None: no tier
+    #: caches this one.
+    fill: Intake | None = None
     #: The backend's batch calls, chosen once (:func:`kvstore_tiers.batching.batch_calls`).
     store_many: Callable[[Sequence[StoreItem], FrameCodec], list[Result]] = field(init=False)
     load_many: Callable[[Sequence[LoadItem], FrameCodec], list[Result]] = field(init=False)
@@ -153,8 +157,8 @@ class Job(PoolJob):
     any I/O thread took it.
     """
 
-    __slots__ = ("cids", "ctx", "deadline", "declined", "done", "expired", "is_load", "keys",
-                 "landed", "lock", "outcomes", "reported", "req_id", "stored_bytes",
+    __slots__ = ("cids", "ctx", "deadline", "declined", "done", "expired", "fills", "is_load",
+                 "keys", "landed", "lock", "outcomes", "reported", "req_id", "stored_bytes",
                  "submit_time", "summary")
 
     def __init__(
@@ -183,6 +187,8 @@ class Job(PoolJob):
         self.done = False
         #: Stores: the keys the admission policy did not admit (set by start()).
         self.declined: list[bytes] | tuple[()] = ()
+        #: Loads of a cached tier: copies of the rows loaded, for read-through.
+        self.fills: list[Part] | tuple[()] = ()
 
     def start(self, runs: bool) -> None:
         """For a store job that will run, ask the admission policy which blocks
@@ -194,6 +200,8 @@ class Job(PoolJob):
         n = self.n_slots
         self.stored_bytes = [0] * n
         self.outcomes = [None] * n
+        if self.is_load and self.ctx.fill is not None:
+            self.fills = []
 
     def _admit(self) -> None:
         """Ask the admission policy, once; keep only the keys it admits.
@@ -256,6 +264,8 @@ class Job(PoolJob):
         # in its cache, made up much of a job's completion cost. (``landed``
         # stays: an expiring load reads it under ``lock``.)
         self.outcomes, self.stored_bytes, self.cids = (), (), ()
+        if self.fills:  # read-through: the load is done, its copies may be written
+            self.ctx.fill.offer(self.fills)  # type: ignore[union-attr]
         trace = self.ctx.trace
         if trace is not None and self.is_load:
             trace.published(self.job_id, self.n_slots, self.submit_time, not self.summary.bad)
@@ -349,19 +359,8 @@ def _load(job: Job, codec: FrameCodec, start: int, stop: int, load_many: LoadMan
         job.stored_bytes[s] = res
         if deadlined:
             _land(job, s, item.dest)
-    if ctx.fill is not None:
-        _offer(ctx.fill, items, results)
-
-
-def _offer(fill: Callable[[Sequence[bytes], Sequence[memoryview]], None],
-           items: list[LoadItem], results: list[Result]) -> None:
-    """Offer the batch's verified rows to the caching tier (read-through), while
-    they are hot; best effort: a block not cached is only read again from here."""
-    ok = [item for item, res in zip(items, results, strict=True)
-          if not isinstance(res, BaseException)]
-    if ok:
-        with contextlib.suppress(Exception):
-            fill([item.key for item in ok], [item.dest for item in ok])
+    if ctx.fill is not None:  # read-through: copy the verified rows while hot
+        ctx.fill.copy_loaded(job.fills, items, results)  # type: ignore[arg-type]
 
 
 def _land(job: Job, slot: int, scratch: memoryview) -> None:

@@ -8,19 +8,22 @@ time the block falls out of its CPU tier. A tier configured with
 ``read_through: true`` caches the tiers of this package listed after it in
 ``secondary_tiers``:
 
-1. A later tier's I/O thread, right after a batch of its load verified and
-   landed (``job._load``), offers the batch to the caching tier's
-   :class:`Intake`: the rows are copied while they are hot in the cache (the
-   primary row may be reused once vLLM has the load), unless the copies
-   waiting already hold ``read_through_max_bytes`` (then the blocks are not
-   cached, and counted). The copy is the only work a load does for this.
+1. A later tier's I/O thread, right after a batch of a load verified and
+   landed (``job._load``), copies its rows while they are hot in the CPU cache
+   (:meth:`Intake.copy`: the primary row may be reused once vLLM has the
+   load), unless the copies waiting already hold ``read_through_max_bytes``
+   (then the blocks are not cached, and counted). The copy is the only work a
+   load does for this. The thread that finishes the load job hands its copies
+   to the caching tier (:meth:`Intake.offer`), so no write of them starts
+   before the whole load is done.
 2. The caching tier's scheduler thread, at its next ``get_finished_jobs``,
-   turns each offer into a :class:`FillJob` (:func:`fill_jobs`): a store job
-   of that tier over the copies, without the keys its presence index holds
-   already, queued on its I/O pool like any store. So the write is the
-   tier's own: its frame, codec and checksum, its admission policy, its
-   capacity control, its presence index (the keys answer HIT once written)
-   and its counters (``read_through_stored``). vLLM never hears of a fill.
+   turns what was offered into one :class:`FillJob` (:func:`fill_jobs`): a
+   store job of that tier over the copies, without the keys its presence
+   index holds already, queued on its I/O pool like any store. So the write
+   is the tier's own: its frame, codec and checksum, its admission policy,
+   its capacity control, its presence index (the keys answer HIT once
+   written) and its counters (``read_through_stored``). vLLM never hears of a
+   fill.
 
 A block is therefore written at most once per caching tier by this process
 (the presence index skips the keys it holds or has in flight; a backend's
@@ -32,6 +35,7 @@ vLLM builds in list order.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import time
@@ -42,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kvstore_tiers.batching import LoadItem, Result
 from kvstore_tiers.job import Job, PrimaryRows, TransferContext
 
 if TYPE_CHECKING:
@@ -51,70 +56,109 @@ if TYPE_CHECKING:
 _intakes: weakref.WeakKeyDictionary[Any, Intake] = weakref.WeakKeyDictionary()
 
 
-class Intake:
-    """The caching tier's queue of copied rows (offered by other tiers' I/O threads).
+#: One load batch's copies: (keys, one view per row, bytes held).
+Part = tuple[list[bytes], list[memoryview], int]
 
-    ``offer`` runs on any I/O thread of a later tier; ``offers`` is popped by
-    the caching tier's scheduler thread; ``written`` is called by the caching
-    tier's I/O thread that finishes a fill. The lock guards only the byte
-    count and ``dropped``, among I/O threads: the scheduler thread takes no
-    lock here.
+
+class Intake:
+    """The caching tier's queue of rows copied from other tiers' loads.
+
+    :meth:`copy` and :meth:`offer` run on I/O threads of later tiers;
+    ``offers`` is emptied by the caching tier's scheduler thread;
+    :meth:`written` is called by the caching tier's I/O thread that finishes a
+    fill. The lock guards only the byte count and ``dropped``, among I/O
+    threads: the scheduler thread takes no lock here.
     """
 
     def __init__(self, label: str, row_bytes: int, max_bytes: int) -> None:
         self.label = label
         self.row_bytes = row_bytes
         self.max_bytes = max_bytes
-        self.offers: deque[tuple[list[bytes], np.ndarray]] = deque()
+        self.offers: deque[list[Part]] = deque()
         self._lock = threading.Lock()
-        self._pending = 0  # bytes of copies offered and not yet written or dropped
+        self._pending = 0  # bytes of copies made and not yet written or dropped
         #: Blocks not cached because the copies waiting held ``max_bytes`` (I/O
         #: threads), or because the pool's queue was full (scheduler thread).
         self.dropped = 0
         self.refused = 0
         self.closed = False  # the caching tier shut down: nothing more is taken
 
-    def offer(self, keys: Sequence[bytes], rows: Sequence[memoryview]) -> None:
-        """Copy ``rows`` (verified, just landed) for a fill of ``keys``; never raises
-        for want of room: past ``max_bytes`` the blocks are counted in ``dropped``."""
-        n = len(keys)
-        if not n or self.closed:
-            return
-        nbytes = n * self.row_bytes
-        with self._lock:
-            if self._pending + nbytes > self.max_bytes:
-                self.dropped += n
-                return
-            self._pending += nbytes
-        copies = np.empty((n, self.row_bytes), np.uint8)
-        for i, row in enumerate(rows):
-            copies[i] = np.frombuffer(row, np.uint8)
-        self.offers.append((list(keys), copies))
-
     @property
     def not_cached(self) -> int:
         """Blocks offered and not cached for want of room."""
         return self.dropped + self.refused
 
+    def copy(self, keys: list[bytes], rows: Sequence[memoryview]) -> Part | None:
+        """Copies of ``rows`` (verified, just landed) for a fill of ``keys``; None
+        past ``max_bytes`` (the blocks are counted in ``dropped``) or once closed."""
+        n = len(keys)
+        nbytes = n * self.row_bytes
+        with self._lock:
+            if self.closed:
+                return None
+            if self._pending + nbytes > self.max_bytes:
+                self.dropped += n
+                return None
+            self._pending += nbytes
+        copies = np.empty((n, self.row_bytes), np.uint8)
+        for i, row in enumerate(rows):
+            copies[i] = np.frombuffer(row, np.uint8)
+        return keys, [memoryview(row) for row in copies], nbytes
+
+    def copy_loaded(self, parts: list[Part], items: Sequence[LoadItem],
+                    results: Sequence[Result]) -> None:
+        """A load batch landed (I/O thread): append to ``parts`` the copies of
+        its verified rows. Best effort, never raises: a block not cached is
+        only read again from the tier that has it."""
+        ok = [item for item, res in zip(items, results, strict=True)
+              if not isinstance(res, BaseException)]
+        if ok:
+            with contextlib.suppress(Exception):
+                part = self.copy([item.key for item in ok], [item.dest for item in ok])
+                if part is not None:
+                    parts.append(part)
+
+    def offer(self, parts: list[Part]) -> None:
+        """A load job finished: its copies may be written now."""
+        if self.closed:
+            self.written(sum(p[2] for p in parts))
+        else:
+            self.offers.append(parts)
+
     def written(self, nbytes: int) -> None:
-        """A fill's copies (``nbytes``) are no longer needed."""
+        """Copies of ``nbytes`` are no longer needed."""
         with self._lock:
             self._pending -= nbytes
 
 
+class Copies(PrimaryRows):
+    """A fill's rows: views of the copies, in place of vLLM's primary rows."""
+
+    __slots__ = ("views",)
+
+    def __init__(self, views: list[memoryview], row_bytes: int) -> None:
+        self.views, self.count, self.row_bytes, self._flat = views, len(views), row_bytes, None
+
+    def __getitem__(self, chunk_id: int) -> memoryview:
+        return self.views[chunk_id]
+
+    def release(self) -> None:
+        self.views = []
+
+
 class FillJob(Job):
-    """A store job of the caching tier whose rows are an :class:`Intake`'s copies."""
+    """A store job of the caching tier whose rows are copies of other tiers' loads."""
 
     __slots__ = ("intake", "nbytes")
 
     def __init__(self, ctx: TransferContext, intake: Intake, keys: list[bytes],
-                 cids: list[int], copies: np.ndarray, batch: int) -> None:
-        rows = PrimaryRows(memoryview(copies), intake.row_bytes)
+                 views: list[memoryview], nbytes: int, batch: int) -> None:
+        rows = Copies(views, intake.row_bytes)
         super().__init__(dataclasses.replace(ctx, rows=rows), -1, is_load=False, req_id="",
-                         keys=keys, cids=cids, submit_time=time.monotonic(), deadline=None,
-                         batch=batch)
+                         keys=keys, cids=list(range(len(keys))), submit_time=time.monotonic(),
+                         deadline=None, batch=batch)
         self.intake = intake
-        self.nbytes = copies.nbytes
+        self.nbytes = nbytes
 
     def finish(self) -> None:
         super().finish()
@@ -124,24 +168,30 @@ class FillJob(Job):
 
 def fill_jobs(intake: Intake, ctx: TransferContext, presence: PresenceIndex, pool: IOPool,
               batch: int) -> None:
-    """Scheduler thread of the caching tier: queue a :class:`FillJob` per offer,
-    without the keys ``presence`` holds (stored, or a store in flight); blocks
-    that find no room in the pool's queue are counted in ``intake.refused``."""
+    """Scheduler thread of the caching tier: queue one :class:`FillJob` for
+    everything offered since the last poll, each key once, without the keys
+    ``presence`` holds (stored, or a store in flight); blocks that find no room
+    in the pool's queue are counted in ``intake.refused``."""
+    rows: dict[bytes, memoryview] = {}
+    nbytes = 0
     offers = intake.offers
     while offers:
-        keys, copies = offers.popleft()
-        cids = list(range(len(keys)))
-        if presence.holds_any(keys):
-            keys, cids = presence.absent(keys, cids)
-        if not keys:
-            intake.written(copies.nbytes)
-            continue
-        job = FillJob(ctx, intake, keys, cids, copies, batch)
-        presence.update(keys, job)
-        if not pool.submit(job, is_load=False):
-            presence.discard_receipt(keys, job)
-            intake.written(copies.nbytes)
-            intake.refused += len(keys)
+        for keys, views, held in offers.popleft():
+            nbytes += held
+            for key, view in zip(keys, views, strict=True):
+                rows.setdefault(key, view)
+    keys = list(rows)
+    if presence.holds_any(keys):
+        keys = [k for k in keys if k not in presence]
+    if not keys:
+        intake.written(nbytes)
+        return
+    job = FillJob(ctx, intake, keys, [rows[k] for k in keys], nbytes, batch)
+    presence.update(keys, job)
+    if not pool.submit(job, is_load=False):
+        presence.discard_receipt(keys, job)
+        intake.written(nbytes)
+        intake.refused += len(keys)
 
 
 def register(spec: Any, intake: Intake) -> None:

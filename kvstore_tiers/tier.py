@@ -144,7 +144,7 @@ class KVStoreTier(SecondaryTierManager):
             self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
             self.locality, ledger.events is not None, RateLimitedLogger(logger, interval_s=30.0),
             None if policy is None else policy.seen, None if policy is None else policy.admit,
-            trace=self.load_trace, fill=None if caching is None else caching.offer)
+            trace=self.load_trace, fill=caching)
         self._pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
                                          tuning.header_align, cipher)
         self._lookup = ExistenceCheck(self._ctx)

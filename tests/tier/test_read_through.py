@@ -59,6 +59,13 @@ def promote(h: Any, keys: list[bytes]) -> np.ndarray:
     return rows
 
 
+def offer(tier: Any, keys: list[bytes], rows: np.ndarray) -> None:
+    """Offer ``rows`` to ``tier``'s intake as a load of a later tier does."""
+    part = tier.intake.copy(keys, [memoryview(r) for r in rows])
+    if part is not None:
+        tier.intake.offer([part])
+
+
 def objects(root: Path) -> int:
     return len(list(root.rglob("*.kvf")))
 
@@ -125,7 +132,7 @@ def test_a_block_is_written_once_and_a_corrupt_one_never(
     assert far.counters.corrupt_objects == 1 and objects(tmp_path / "b") == 3
 
     # The same blocks offered again (as by a second load from the remote) are not rewritten.
-    local.intake.offer(keys[:3], [memoryview(r) for r in rows[:3]])
+    offer(local, keys[:3], rows[:3])
     b.step()
     step_until(b, lambda: not local.intake.offers)
     assert local.counters.objects_stored == 3 and local.counters.read_through_stored == 3
@@ -137,8 +144,8 @@ def test_copies_waiting_are_bounded(harness_factory: Any, tmp_path: Path) -> Non
                          fs(tmp_path / "far")], num_chunks=16, chunk_bytes=row)
     local = b.tiers[0]
     keys, rows = make_keys(3, seed=9), rows_like(3, row, seed=9)
-    local.intake.offer(keys, [memoryview(r) for r in rows])  # three rows do not fit
-    local.intake.offer(keys[:2], [memoryview(r) for r in rows[:2]])
+    offer(local, keys, rows)  # three rows do not fit
+    offer(local, keys[:2], rows[:2])
     step_until(b, lambda: local.counters.read_through_stored == 2)
     assert local.counters.read_through_dropped == 3 and objects(tmp_path / "b") == 2
 
