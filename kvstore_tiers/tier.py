@@ -145,7 +145,7 @@ class KVStoreTier(SecondaryTierManager):
             self.locality, ledger.events is not None, RateLimitedLogger(logger, interval_s=30.0),
             None if policy is None else policy.seen, None if policy is None else policy.admit,
             trace=self.load_trace, fill=caching)
-        self._pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
+        self.pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
                                          tuning.header_align, cipher)
         self._lookup = ExistenceCheck(self._ctx)
         logger.info("kvstore tier '%s' ready: %s, namespace %s, codec %s, chunk %d bytes x %d "
@@ -164,10 +164,9 @@ class KVStoreTier(SecondaryTierManager):
 
     def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
         try:
-            # The common case in few attribute lookups and calls: vLLM calls
-            # this for every block of every waiting request, every step. No
-            # failed loads anywhere, circuit closed, and the key stored by
-            # this process: HIT.
+            # The common case in few attribute lookups and calls (vLLM calls this for
+            # every block of every waiting request, every step): no failed loads
+            # anywhere, circuit closed, the key stored by this process: HIT.
             if self._failed and self._ledger.is_failed(key, req_context.req_id):
                 return LookupResult.MISS
             breaker = self.breaker
@@ -206,11 +205,11 @@ class KVStoreTier(SecondaryTierManager):
             if self._evicted_keys:
                 self._ledger.forget_evicted(self._evicted_keys, self.medium, self.locality)
             if self.intake.offers:  # read-through: blocks later tiers loaded
-                readthrough.fill_jobs(self.intake, self._ctx, self.presence, self._pool,
+                readthrough.fill_jobs(self.intake, self._ctx, self.presence, self.pool,
                                       self._store_batch)
             while self._ready:
                 results.append(self._ready.popleft())
-            finished = self._pool.finished
+            finished = self.pool.finished
             while finished:
                 job = finished.popleft()
                 if isinstance(job, readthrough.FillJob):
@@ -257,7 +256,7 @@ class KVStoreTier(SecondaryTierManager):
                 return
             names = [self.namespace.object_name(k) for k in keys if k in self.presence]
             if names:
-                self._pool.submit(TouchJob(self.backend, names), is_load=False)
+                self.pool.submit(TouchJob(self.backend, names), is_load=False)
         except Exception:
             self._log.exception("kvstore tier %s: touch failed", self.tier_type)
 
@@ -277,14 +276,14 @@ class KVStoreTier(SecondaryTierManager):
     def drain_jobs(self) -> None:
         """Cancel queued transfers (they report failure) and wait for running ones."""
         try:
-            self._pool.cancel_queued()
-            self._pool.wait_idle()
+            self.pool.cancel_queued()
+            self.pool.wait_idle()
         except Exception:
             self._log.exception("kvstore tier %s: drain_jobs failed", self.tier_type)
 
     def get_stats(self) -> Any:
         try:
-            return self.metrics.collect(self._gauges())
+            return self.metrics.collect(self.gauges())
         except Exception:
             self._log.exception("kvstore tier %s: get_stats failed", self.tier_type)
             return None
@@ -295,7 +294,7 @@ class KVStoreTier(SecondaryTierManager):
             return
         self._closed = True
         readthrough.unregister(self._offloading_spec, self.intake)
-        steps = [self._lookup.shutdown, self._pool.shutdown, self.backend.close]
+        steps = [self._lookup.shutdown, self.pool.shutdown, self.backend.close]
         if self.admission is not None:
             steps.insert(0, self.admission.close)  # its probe thread reads the backend
         if self.load_trace is not None:
@@ -320,12 +319,13 @@ class KVStoreTier(SecondaryTierManager):
     def __repr__(self) -> str:  # never a secret: describe() redacts
         return f"{type(self).__name__}(type={self.tier_type!r}, {self.backend.describe()})"
 
-    # ---------------------------------------------------------------- internals
-    def _gauges(self) -> dict[str, float]:
+    def gauges(self) -> dict[str, float]:
+        """The gauges as exported now (queued chunks, store bytes in flight, health...)."""
         evictions = self.backend.evictions
-        return self._ledger.gauges(self._pool.queued_chunks, self._store_bytes_in_flight,
+        return self._ledger.gauges(self.pool.queued_chunks, self._store_bytes_in_flight,
                                    evictions.objects if evictions is not None else 0)
 
+    # ---------------------------------------------------------------- internals
     def _fail_now(self, job_id: int, job: TransferJob, is_load: bool) -> None:
         """Report a job failed at the next get_finished_jobs (never raises)."""
         try:
@@ -389,12 +389,12 @@ class KVStoreTier(SecondaryTierManager):
             self.presence.update(keys, job)
         if job.deadline is not None:
             self._deadlined[tj.job_id] = job
-        if not self._pool.submit(job, is_load):
+        if not self.pool.submit(job, is_load):
             self._deadlined.pop(tj.job_id, None)
             if not is_load:
                 self.presence.discard_receipt(keys, job)
             self._warn.warning("queue-full", "kvstore tier %s: I/O queue full (%d chunks); "
-                               "failing job", self.tier_type, self._pool.queued_chunks)
+                               "failing job", self.tier_type, self.pool.queued_chunks)
             self._fail_now(tj.job_id, tj, is_load)
         elif not is_load:
             self._store_bytes_in_flight += nbytes

@@ -314,7 +314,7 @@ class Driver:
         ctx = self.call(self.h.new_request)
         self.call(self.h.store, others, other_rows, ctx)
         release()
-        self.tier._pool.wait_idle()  # the stuck threads are done, late writes included
+        self.tier.pool.wait_idle()  # the stuck threads are done, late writes included
         self.settle()
         self.call(self.h.finish_request, ctx)
         assert self.fetch(others) == [HIT] * 4  # from the primary, byte-exact

@@ -23,7 +23,7 @@ def test_remote_tier_without_backpressure_dict_gets_network_detector(
     srv = redis_server_factory()
     d = Driver("redis", [{"type": "redis", "url": srv.url, "failure_threshold": 4}])
     try:
-        det = d.tier._bp_detector
+        det = d.tier.bp_detector
         assert isinstance(det, EMABackpressureDetector)
         net = EMABackpressureDetector.default_config("obj", locality="REMOTE")
         assert det._high == net["high_water_s"] and det._low == net["low_water_s"]
@@ -68,7 +68,7 @@ def test_stores_past_the_bound_are_dropped_not_queued(tmp_path: Path) -> None:
         ctx2 = _cascade(d, second)  # would exceed the bound: dropped
         c = tier.counters
         assert c.stores_dropped_backpressure == 4
-        assert tier._store_bytes_in_flight == 4 * ROW
+        assert tier.gauges()["store_bytes_in_flight"] == 4 * ROW
         assert tier.get_stats() is not None
         d.h.step()
         # The dropped job was reported at once: only the stuck job pins rows.
@@ -76,7 +76,7 @@ def test_stores_past_the_bound_are_dropped_not_queued(tmp_path: Path) -> None:
         assert c.store_failures == 0 and c.stores_dropped == 0
         StallFsBackend.store_gate.set()
         d.settle()
-        assert tier._store_bytes_in_flight == 0
+        assert tier.gauges()["store_bytes_in_flight"] == 0
         assert c.objects_stored == 4
         for ctx in (ctx1, ctx2):
             d.h.finish_request(ctx)

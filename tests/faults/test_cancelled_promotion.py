@@ -81,7 +81,7 @@ def _release_once_cancelled(d: Driver, release: Callable[[], None]) -> threading
     The held batches keep both I/O threads busy, so only the drain's
     cancellation empties the queue; the drain then waits for the held batches.
     """
-    pool = d.tier._pool
+    pool = d.tier.pool
 
     def run() -> None:
         deadline = time.monotonic() + 30
@@ -110,7 +110,7 @@ def test_a_cancelled_promotion_leaves_its_keys_hits_for_other_requests(
         a = d.call(d.h.new_request)
         d.call(d._lookup_all, keys, a)
         d.call(d.h.step)
-        assert d.tier._pool.queued_chunks > 0, "nothing left queued to cancel"
+        assert d.tier.pool.queued_chunks > 0, "nothing left queued to cancel"
         releaser = _release_once_cancelled(d, h.release)
         d.forget_primary()  # reset_cache: drain_jobs cancels the queued part
         releaser.join(timeout=60)

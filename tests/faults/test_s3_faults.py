@@ -140,7 +140,7 @@ def test_breaker_opens_probes_and_closes(proxy: FaultProxy) -> None:
         d.store(failing, rows_for(failing, d.row_bytes), expect=False)
         d.score.fault("breaker_503_storm", proxy.faults_served)
         assert tier.breaker.state is BreakerState.OPEN
-        assert tier._gauges()["circuit_state"] == float(BreakerState.OPEN)
+        assert tier.gauges()["circuit_state"] == float(BreakerState.OPEN)
         sent = sum(proxy.requests.values())
         more = make_keys(3, seed=36)
         assert d.fetch(more) == [MISS] * 3  # open: answered at once, nothing sent
@@ -153,7 +153,7 @@ def test_breaker_opens_probes_and_closes(proxy: FaultProxy) -> None:
         while d.fetch(keys) != [HIT] * 4:
             assert time.monotonic() < deadline
         assert tier.breaker.state is BreakerState.CLOSED
-        assert tier._gauges()["circuit_state"] == float(BreakerState.CLOSED)
+        assert tier.gauges()["circuit_state"] == float(BreakerState.CLOSED)
     finally:
         proxy.heal()
         assert d.close() == 0

@@ -52,7 +52,7 @@ def test_queue_is_bounded(tmp_path: Path) -> None:
             batch = keys[i : i + 256]
             ctx = d.call(d.h.new_request)
             d.call(d.h.store, batch, rows[: len(batch)], ctx)
-            peak = max(peak, tier._pool.queued_chunks)
+            peak = max(peak, tier.pool.queued_chunks)
             d.settle()
             d.call(d.h.finish_request, ctx)
         assert peak <= 64

@@ -305,7 +305,7 @@ def test_a_job_cut_at_drain_asks_the_policy_nothing_and_is_cancelled_whole(
     _submit_stores(h, [(1, first, [0, 1])])
     assert flaky.store_stalled.wait(10)  # the only write thread is busy with job 1
     _submit_stores(h, [(2, seen + new, [2, 3, 4, 5])])  # queued behind it
-    assert tier._pool.cancel_queued() == 4
+    assert tier.pool.cancel_queued() == 4
     flaky.store_gate.set()
     results = _results(h, 2)
     assert results[1].success and not results[2].success

@@ -207,7 +207,7 @@ def tier_round(h: Any, rows: np.ndarray, seed: int) -> dict[str, float]:
                     break
                 h.step()
                 time.sleep(0.0005)
-            tier._pool.wait_idle()
+            tier.pool.wait_idle()
             t, cpu_per_gb = time.perf_counter() - submitted[0], cpu_at_submit[0].per_gb(nbytes)
         finally:
             del tier.submit_load

@@ -212,7 +212,7 @@ def _tier_round(cfg: dict[str, Any], blocks: int, block_bytes: int, seed: int
             assert LookupResult.HIT not in first, first
             t, cpu = time.perf_counter(), CpuClock()
             h.step()  # on_schedule_end: vLLM submits the batched promotion (submit_load)
-            tier._pool.wait_idle()
+            tier.pool.wait_idle()
             t, cpu_per_gb["tier_load_transfer"] = time.perf_counter() - t, cpu.per_gb(nbytes)
             results, _ = h.lookup_until_resolved(keys, ctx, max_steps=100_000)
             check(results, ctx)

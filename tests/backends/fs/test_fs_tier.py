@@ -417,7 +417,7 @@ def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
         assert tier.counters.objects_skipped == 2
         assert tier.lookup(keys[0], ctx) is not LookupResult.HIT  # not written yet
     gate.set()
-    tier._pool.wait_idle()  # the I/O threads are done; the job awaits its report
+    tier.pool.wait_idle()  # the I/O threads are done; the job awaits its report
     with h.locked():
         results = list(tier.get_finished_jobs())
     assert [(r.job_id, r.success) for r in results] == [(1, False)]
@@ -433,7 +433,7 @@ def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
     h.view[3] = 9
     with h.locked():
         tier.submit_store(TransferJob(3, keys[3:], np.arange(3, 4), False, ctx))
-    tier._pool.wait_idle()
+    tier.pool.wait_idle()
     with h.locked():
         results = list(tier.get_finished_jobs())
     assert [(r.job_id, r.success) for r in results] == [(3, True)]
@@ -477,7 +477,7 @@ def test_a_submit_starts_a_gc_pass_only_within_three_of_the_threshold(
         gc.callbacks.append(on_gc)
         # The pool's lock (never taken by a submit) keeps the I/O threads
         # from allocating meanwhile.
-        with tier._pool._lock:
+        with tier.pool._lock:
             gc.disable()
             try:
                 gc.collect(0)
@@ -518,7 +518,7 @@ def test_a_submit_starts_a_gc_pass_only_within_three_of_the_threshold(
     for is_load, submit in ((False, tier.submit_store), (True, tier.submit_load)):
         for n in (1, 16):
             needed[submit.__name__, n] = least_headroom(submit, is_load, n)
-        tier._pool.wait_idle()
+        tier.pool.wait_idle()
         with h.locked():
             results = list(tier.get_finished_jobs())
         assert results and all(r.success for r in results)
@@ -626,7 +626,7 @@ def test_store_polling_follows_its_config_keys(harness_factory, tmp_path, linger
     done (no idle wake-ups); otherwise one polls every ``store_poll_ms``."""
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "store_poll_ms": 50,
                           "store_linger_s": linger_s}], num_chunks=8, chunk_bytes=ROW)
-    pool = h.tiers[0]._pool
+    pool = h.tiers[0].pool
     assert pool._store_poll_s == 0.05
     keys = make_keys(4, seed=3)
     h.store_all(keys, rows_like(4, ROW))
