@@ -16,14 +16,15 @@ time the block falls out of its CPU tier. A tier configured with
    load does for this. The thread that finishes the load job hands its copies
    to the caching tier (:meth:`Intake.offer`), so no write of them starts
    before the whole load is done.
-2. The caching tier's scheduler thread, at its next ``get_finished_jobs``,
-   turns what was offered into one :class:`FillJob` (:func:`fill_jobs`): a
-   store job of that tier over the copies, without the keys its presence
-   index holds already, queued on its I/O pool like any store. So the write
-   is the tier's own: its frame, codec and checksum, its admission policy,
-   its capacity control, its presence index (the keys answer HIT once
-   written) and its counters (``read_through_stored``). vLLM never hears of a
-   fill.
+2. That thread also builds the :class:`FillJob`: a store job of the caching
+   tier over the copies. The caching tier's scheduler thread queues it on
+   its I/O pool like any store (:func:`fill_jobs`), one poll after it was
+   offered (by then vLLM has been told of the load, so the write does not
+   compete with the load's last step), without the keys its presence index
+   holds already. So the write is the tier's own: its frame, codec and
+   checksum, its admission policy, its capacity control, its presence index
+   (the keys answer HIT once written) and its counters
+   (``read_through_stored``). vLLM never hears of a fill.
 
 A block is therefore written at most once per caching tier by this process
 (the presence index skips the keys it holds or has in flight; a backend's
@@ -64,7 +65,8 @@ class Intake:
     """The caching tier's queue of rows copied from other tiers' loads.
 
     :meth:`copy` and :meth:`offer` run on I/O threads of later tiers;
-    ``offers`` is emptied by the caching tier's scheduler thread;
+    ``offers`` (fill jobs ready to queue) is emptied by the caching tier's
+    scheduler thread, which alone reads and writes ``ripe``;
     :meth:`written` is called by the caching tier's I/O thread that finishes a
     fill. The lock guards only the byte count and ``dropped``, among I/O
     threads: the scheduler thread takes no lock here.
@@ -74,7 +76,10 @@ class Intake:
         self.label = label
         self.row_bytes = row_bytes
         self.max_bytes = max_bytes
-        self.offers: deque[list[Part]] = deque()
+        self.offers: deque[FillJob] = deque()
+        self.ripe = 0  # offers already there at the last poll
+        self._ctx: TransferContext | None = None  # the caching tier's (bind)
+        self._batch = 1
         self._lock = threading.Lock()
         self._pending = 0  # bytes of copies made and not yet written or dropped
         #: Blocks not cached because the copies waiting held ``max_bytes`` (I/O
@@ -82,6 +87,10 @@ class Intake:
         self.dropped = 0
         self.refused = 0
         self.closed = False  # the caching tier shut down: nothing more is taken
+
+    def bind(self, ctx: TransferContext, batch: int) -> None:
+        """The caching tier's transfer context and store batch, for its fills."""
+        self._ctx, self._batch = ctx, batch
 
     @property
     def not_cached(self) -> int:
@@ -119,11 +128,14 @@ class Intake:
                     parts.append(part)
 
     def offer(self, parts: list[Part]) -> None:
-        """A load job finished: its copies may be written now."""
-        if self.closed:
-            self.written(sum(p[2] for p in parts))
-        else:
-            self.offers.append(parts)
+        """A load job finished (its last I/O thread): a fill job of its copies."""
+        nbytes = sum(p[2] for p in parts)
+        if self.closed or self._ctx is None:
+            self.written(nbytes)
+            return
+        keys = [k for p in parts for k in p[0]]
+        views = [v for p in parts for v in p[1]]
+        self.offers.append(FillJob(self._ctx, self, keys, views, nbytes, self._batch))
 
     def written(self, nbytes: int) -> None:
         """Copies of ``nbytes`` are no longer needed."""
@@ -160,38 +172,42 @@ class FillJob(Job):
         self.intake = intake
         self.nbytes = nbytes
 
+    def keep(self, keys: list[bytes]) -> None:
+        """Before it is queued: write only ``keys`` (the others are held already)."""
+        rows = self.ctx.rows
+        assert isinstance(rows, Copies)
+        slot = {k: i for i, k in enumerate(self.keys)}
+        rows.views = [rows.views[slot[k]] for k in keys]
+        self.keys, self.cids = keys, list(range(len(keys)))
+        self.narrow(len(keys))
+
     def finish(self) -> None:
         super().finish()
         self.ctx.rows.release()
         self.intake.written(self.nbytes)
 
 
-def fill_jobs(intake: Intake, ctx: TransferContext, presence: PresenceIndex, pool: IOPool,
-              batch: int) -> None:
-    """Scheduler thread of the caching tier: queue one :class:`FillJob` for
-    everything offered since the last poll, each key once, without the keys
-    ``presence`` holds (stored, or a store in flight); blocks that find no room
-    in the pool's queue are counted in ``intake.refused``."""
-    rows: dict[bytes, memoryview] = {}
-    nbytes = 0
+def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
+    """Scheduler thread of the caching tier: queue the fill jobs that were
+    already offered at the last poll, without the keys ``presence`` holds
+    (stored, or a store in flight); blocks that find no room in the pool's
+    queue are counted in ``intake.refused``."""
     offers = intake.offers
-    while offers:
-        for keys, views, held in offers.popleft():
-            nbytes += held
-            for key, view in zip(keys, views, strict=True):
-                rows.setdefault(key, view)
-    keys = list(rows)
-    if presence.holds_any(keys):
-        keys = [k for k in keys if k not in presence]
-    if not keys:
-        intake.written(nbytes)
-        return
-    job = FillJob(ctx, intake, keys, [rows[k] for k in keys], nbytes, batch)
-    presence.update(keys, job)
-    if not pool.submit(job, is_load=False):
-        presence.discard_receipt(keys, job)
-        intake.written(nbytes)
-        intake.refused += len(keys)
+    for _ in range(min(intake.ripe, len(offers))):
+        job = offers.popleft()
+        keys = job.keys
+        if presence.holds_any(keys):
+            keys = [k for k in keys if k not in presence]
+            if not keys:
+                intake.written(job.nbytes)
+                continue
+            job.keep(keys)
+        presence.update(keys, job)
+        if not pool.submit(job, is_load=False):
+            presence.discard_receipt(keys, job)
+            intake.written(job.nbytes)
+            intake.refused += len(keys)
+    intake.ripe = len(offers)
 
 
 def register(spec: Any, intake: Intake) -> None:

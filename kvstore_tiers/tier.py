@@ -148,6 +148,7 @@ class KVStoreTier(SecondaryTierManager):
         self.pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
                                          tuning.header_align, cipher)
         self._lookup = ExistenceCheck(self._ctx)
+        self.intake.bind(self._ctx, self._store_batch)
         logger.info("kvstore tier '%s' ready: %s, namespace %s, codec %s, chunk %d bytes x %d "
                     "rows, %d+%d I/O threads, locality %s", tier_type, self.backend.describe(),
                     self.namespace.describe(), self.codec_id.name.lower(), self._block_size_bytes,
@@ -205,8 +206,7 @@ class KVStoreTier(SecondaryTierManager):
             if self._evicted_keys:
                 self._ledger.forget_evicted(self._evicted_keys, self.medium, self.locality)
             if self.intake.offers:  # read-through: blocks later tiers loaded
-                readthrough.fill_jobs(self.intake, self._ctx, self.presence, self.pool,
-                                      self._store_batch)
+                readthrough.fill_jobs(self.intake, self.presence, self.pool)
             while self._ready:
                 results.append(self._ready.popleft())
             finished = self.pool.finished
