@@ -2,17 +2,18 @@
 
 vLLM cascades every stored block to every secondary tier and, on lookup, asks
 the tiers in list order, stopping at the first HIT. One engine with the
-README's three tiers (``[fs, redis, s3]``, each empty) computes and stores the
-prompts; then fresh engines, each a new process:
+README's three tiers (``[fs, redis, s3]``, each empty, the fs tier with
+``read_through``) computes and stores the prompts; then fresh engines, each a
+new process:
 
-* ``[fs, remote]``, an empty fs root: served from the remote;
+* ``[fs, remote]``, an empty fs root with ``read_through``: served from the
+  remote; it ends with those blocks in its fs root, which alone serves a
+  further engine once the remote is emptied;
 * ``[fs, redis, s3]``, the cold engine's fs root, both remotes emptied: served from fs;
 * ``[fs, remote]``, every fs object corrupt and, in the remote, each later
   prompt's own chunk: each corrupt object is a miss, counted and removed, the
   first prompt is served from the remote after its fs misses, and what
-  neither tier could serve is recomputed and stored again;
-* with the fs tier's ``read_through``: the engine served from the remote ends
-  with those blocks in its fs root, which alone serves a further engine.
+  neither tier could serve is recomputed and stored again.
 
 Each tier's own counters and vLLM's per-tier counters say which tier served
 what; every output equals the no-connector baseline's. The engine runs are
@@ -39,14 +40,12 @@ from e2e_helpers import (
 )
 from stored_objects import FsObjects, RedisObjects, S3Objects, StoredObjects
 
-from kvstore_tiers.backends.fs.config import FsConfig
 from tests.servers import RedisServer, s3_client
 
 REMOTES = ("redis", "s3")
 STORED = "chain"  # where the cold engine stores in each remote
 READ_BYTES = "vllm:kv_offload_tiering_read_bytes"
 CHUNK_HITS = "vllm:kv_offload_tiering_chunk_hits"
-READ_THROUGH = "read_through" in FsConfig.model_fields
 
 pytestmark = [pytest.mark.engine, pytest.mark.parametrize("remote", REMOTES)]
 
@@ -72,8 +71,7 @@ class Chain:
     def __init__(self, model: Path, work: Path, fs: FsObjects,
                  remotes: dict[str, StoredObjects]) -> None:
         self.model, self.work, self.fs, self.remotes = model, work, fs, remotes
-        # B's fs tier: read-through where the key exists, so B's run serves both tests
-        self.fs_b = ReadThroughFs(fs.base) if READ_THROUGH else fs
+        self.read_through = ReadThroughFs(fs.base)  # the same directories
         self.flipped: dict[str, tuple[list[str], list[str]]] = {}
         self._runs: dict[str, dict[str, Any]] = {}
         self._emptied = False
@@ -88,14 +86,15 @@ class Chain:
 
     def cold(self) -> dict[str, Any]:
         """``[fs, redis, s3]``, all empty: computes and stores every block."""
-        return self._once("cold", lambda: [(self.fs, "cold"),
+        return self._once("cold", lambda: [(self.read_through, "cold"),
                                            *((self.remotes[r], STORED) for r in REMOTES)])
 
     def from_remote(self, remote: str) -> dict[str, Any]:
-        """``[fs, remote]``: an empty fs root, the remote as the cold engine left it."""
+        """``[fs, remote]``: an empty fs root with read-through, the remote as the
+        cold engine left it."""
         def prepare() -> list[Placement]:
             self.cold()
-            return [(self.fs_b, f"{remote}-b"), (self.remotes[remote], STORED)]
+            return [(self.read_through, f"{remote}-b"), (self.remotes[remote], STORED)]
         return self._once(f"{remote}-from-remote", prepare)
 
     def corrupt(self, remote: str) -> dict[str, Any]:
@@ -198,8 +197,6 @@ def test_empty_fs_root_is_served_from_the_remote(chain: Chain, remote: str,
     _assert_served_by(warm, f"2:{remote}", tiny_baseline)
     assert _loaded(warm, remote) == DISTINCT_CHUNKS and _loaded(warm, "fs") == 0
     assert tier_counters(warm)["corrupt_objects"] == 0
-    if not READ_THROUGH:  # vLLM copies a block a later tier served into no earlier tier
-        assert warm["objects"][0] == []
 
 
 def test_emptied_remote_leaves_fs_serving(chain: Chain, remote: str,
@@ -229,11 +226,11 @@ def test_corrupt_objects_are_misses_in_either_tier(chain: Chain, remote: str,
     assert result["objects"] == [flipped, sorted(flipped + intact)]
 
 
-@pytest.mark.skipif(not READ_THROUGH, reason="the fs tier has no read_through key (FsConfig)")
 def test_read_through_fills_fs_from_the_remote(chain: Chain, remote: str,
                                                tiny_baseline: dict[str, Any]) -> None:
     filled = chain.from_remote(remote)
-    assert len(filled["objects"][0]) == DISTINCT_CHUNKS
+    fs_objects, remote_objects = filled["objects"]
+    assert fs_objects == remote_objects and len(fs_objects) == DISTINCT_CHUNKS
     assert tier_counters(filled, "fs")["read_through_stored"] == DISTINCT_CHUNKS
     warm = chain.from_read_through(remote)
     _assert_served_by(warm, "1:fs", tiny_baseline)
