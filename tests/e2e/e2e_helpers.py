@@ -38,17 +38,27 @@ def outputs(result: dict[str, Any]) -> list[list[int]]:
     return [p["output_token_ids"] for p in result["prompts"]]
 
 
-def tier_counters(result: dict[str, Any]) -> dict[str, int]:
-    """Our tiers' cumulative counters, summed over the phase's tiers.
+def tier_counters(result: dict[str, Any], tier_type: str | None = None) -> dict[str, int]:
+    """Our tiers' cumulative counters, summed over the phase's tiers (or those of ``tier_type``).
 
     Read from the stats files our tiers write at shutdown
     (KVSTORE_TIERS_STATS_DIR, set per phase by run_phase). Empty if the tier
     in use is not ours (e.g. vLLM's stock fs tier)."""
     total: dict[str, int] = {}
     for s in result.get("tier_stats") or []:
+        if tier_type is not None and s.get("tier_type") != tier_type:
+            continue
         for k, v in s.get("counters", {}).items():
             total[k] = total.get(k, 0) + int(v)
     return total
+
+
+def vllm_per_tier(result: dict[str, Any], counter: str) -> dict[str, int]:
+    """vLLM's own ``counter`` per secondary tier, the tiers it never counted left out.
+
+    Keys are vLLM's tier labels: list position from 1 and type (``"2:redis"``)."""
+    values = (result.get("tier_metrics") or {}).get(counter, {})
+    return {tier: int(v) for tier, v in values.items() if v}
 
 
 @dataclass

@@ -41,6 +41,10 @@ class StoredObjects(ABC):
     def write(self, where: str, name: str, data: bytes) -> None:
         """Replace (or create) the object, as another writer would."""
 
+    @abstractmethod
+    def clear(self) -> None:
+        """Delete every object of the store, at every location."""
+
     def copy(self, src: str, dst: str) -> str:
         """Every object at ``src`` (frames and the namespace's files) to ``dst``."""
         for name in self.names(src, suffix=""):
@@ -57,17 +61,22 @@ class StoredObjects(ABC):
             out[group] = out.get(group, 0) + 1
         return out
 
+    def flip(self, where: str, names: list[str]) -> None:
+        """Flip a byte in the middle of each named object: a payload whose
+        checksum no longer matches (the frame's header stays valid)."""
+        for name in names:
+            data = bytearray(self.read(where, name))
+            data[len(data) // 2] ^= 0xFF
+            self.write(where, name, bytes(data))
+
     def corrupt_all(self, where: str) -> int:
         """Damage every stored KV object: a flipped byte mid-object or a
         truncation to a third, alternately. Returns how many."""
         names = self.names(where)
-        for i, name in enumerate(names):
-            data = bytearray(self.read(where, name))
-            if i % 2:
-                data[len(data) // 2] ^= 0xFF
-                self.write(where, name, bytes(data))
-            else:
-                self.write(where, name, bytes(data[: len(data) // 3]))
+        self.flip(where, names[1::2])
+        for name in names[0::2]:
+            data = self.read(where, name)
+            self.write(where, name, data[: len(data) // 3])
         return len(names)
 
 
@@ -95,6 +104,10 @@ class FsObjects(StoredObjects):
     def copy(self, src: str, dst: str) -> str:
         shutil.copytree(self.base / src, self.base / dst)  # the shard directories too
         return dst
+
+    def clear(self) -> None:
+        shutil.rmtree(self.base)
+        self.base.mkdir()
 
 
 class RedisObjects(StoredObjects):
@@ -124,6 +137,11 @@ class RedisObjects(StoredObjects):
         with self.server.client() as c:
             c.set(f"{where}:{name}", data)
 
+    def clear(self) -> None:
+        """FLUSHALL."""
+        with self.server.client() as c:
+            c.flushall()
+
 
 class S3Objects(StoredObjects):
     """Objects of a real (moto) S3 bucket; ``where`` is the tier's ``prefix``."""
@@ -151,3 +169,9 @@ class S3Objects(StoredObjects):
 
     def write(self, where: str, name: str, data: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=f"{where}/{name}", Body=data)
+
+    def clear(self) -> None:
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+            keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
+            if keys:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys})

@@ -20,6 +20,8 @@ summed over tiers). Stores to the tiers finish asynchronously, so after each
 prompt the phase sends tiny "flush" requests (each makes the engine step and
 collect finished jobs) until the written-bytes counter settles, then
 attributes the writes to that prompt.
+At the end, ``tier_metrics`` keeps those two and
+``vllm:kv_offload_tiering_chunk_hits`` per tier, as vLLM labels them.
 
 Progress goes, one JSON object per line, to ``request["events_path"]``.
 """
@@ -40,9 +42,12 @@ TIER_READ_BYTES = "vllm:kv_offload_tiering_read_bytes"
 TIER_WRITE_BYTES = "vllm:kv_offload_tiering_write_bytes"
 ACTIVE_CASCADES = "vllm:kv_offload_tiering_active_cascade_jobs"
 ACTIVE_PROMOTIONS = "vllm:kv_offload_tiering_active_promotion_jobs"
+CHUNK_HITS = "vllm:kv_offload_tiering_chunk_hits"
 KVSTORE_PREFIX = "vllm:kvstore_"
 
 _WATCHED = (LOCAL_HITS, EXTERNAL_HITS, TIER_READ_BYTES, TIER_WRITE_BYTES)
+#: vLLM's counters labeled by secondary tier ("1:fs", "2:redis": list position and type).
+_PER_TIER = (TIER_READ_BYTES, TIER_WRITE_BYTES, CHUNK_HITS)
 
 
 class _Events:
@@ -70,6 +75,18 @@ def _snapshot(llm: Any) -> dict[str, float]:
             value = getattr(m, "value", None)
             if isinstance(value, int | float):
                 out[name] = out.get(name, 0.0) + float(value)
+    return out
+
+
+def _per_tier(llm: Any) -> dict[str, dict[str, float]]:
+    """``{counter: {tier label: value}}`` of the :data:`_PER_TIER` counters, summed over engines."""
+    out: dict[str, dict[str, float]] = {}
+    for m in llm.get_metrics():
+        tier = m.labels.get("tier") if m.name in _PER_TIER else None
+        value = getattr(m, "value", None)
+        if tier is not None and isinstance(value, int | float):
+            per = out.setdefault(m.name, {})
+            per[tier] = per.get(tier, 0.0) + float(value)
     return out
 
 
@@ -230,12 +247,14 @@ def run(request: dict[str, Any]) -> dict[str, Any]:
                 }
             )
         final = _settle(llm, flush_prompt, 10.0) if with_connector else _snapshot(llm)
+        per_tier = _per_tier(llm)
         events.emit(stage="shutdown", message="stopping engine")
         _shutdown(llm)
         return {
             "engine_load_s": load_s,
             "prompts": results,
             "metrics": final,
+            "tier_metrics": per_tier,
             "tier_stats": _read_stats_files(os.environ.get("KVSTORE_TIERS_STATS_DIR")),
             "tier_classes": tier_classes,
         }
