@@ -31,15 +31,8 @@ def remotes(tiers: tuple[str, ...], given: bool) -> tuple[str, ...]:
 
 
 def read_through_modes(mode: str | None) -> tuple[bool, ...]:
-    """``--read-through`` as the runs it asks for; "on" needs an fs tier that has
-    the ``read_through`` key."""
-    from kvstore_tiers.registry import load_backend
-
-    modes = READ_THROUGH[mode or "both"]
-    if True in modes and "read_through" not in load_backend("fs").config_model.model_fields:
-        raise click.BadParameter("this version's fs tier has no read_through key; use "
-                                 "--read-through off", param_hint="--read-through")
-    return modes
+    """``--read-through`` as the runs it asks for (default: off, then on)."""
+    return READ_THROUGH[mode or "both"]
 
 
 def load_requests(trace_path: Path, n_requests: int | None) -> list[Any]:

@@ -72,8 +72,21 @@ class FleetReplayer(Replayer):
         self._loaded_from.clear()
         self._ids.update((block_key(b), b) for b in req.hash_ids)
         super().request(req, timeout_s)
-        self.h.settle(timeout_s)
+        self.settle(timeout_s)
         self.take_events()
+
+    def settle(self, timeout_s: float) -> None:
+        """Step until the manager's jobs and the fs tier's read-through fills (no vLLM
+        job, so not in the manager's pending work) are done and applied."""
+        self.h.settle(timeout_s)
+        intake = self.tier.intake
+        deadline = time.monotonic() + timeout_s
+        while intake.offers or intake.pending_bytes:
+            if time.monotonic() > deadline:
+                raise TimeoutError("read-through fills unfinished")
+            self.h.step()
+            time.sleep(self.sleep)
+        self.h.step()  # the fills' completions reach the fs tier's index and counters
 
     def _hit_sources(self, keys: list[bytes], sources: list[Any]) -> None:
         disk = self.tier.cache_hit_source
@@ -144,7 +157,7 @@ class _Node:
     def finish(self) -> dict[str, Any]:
         assert self.replayer is not None, "finish before start"
         try:
-            self.harness.settle(timeout_s=600)
+            self.replayer.settle(timeout_s=600)
             self.replayer.take_events()
             self.replayer.stats.seconds = time.perf_counter() - self.t0
             return self.replayer.result()
