@@ -67,6 +67,7 @@ def test_targets_compare_read_through_and_routing() -> None:
             row("affinity", False, 800, 0.31), row("affinity", True, 500, 0.31)]
     (t,) = fleet.targets(rows)
     assert t["read_through_cut"] == pytest.approx(0.4) and t["met"]
+    assert t["affinity_cut"] == pytest.approx(0.2) and t["remote_gets_affinity_on"] == 500
     assert t["routing_share_of_gain"] == pytest.approx(0.5)  # 200 of the 400 GETs saved
     rows[1]["block_hit_rate"] = 0.29
     assert not fleet.targets(rows)[0]["met"]

@@ -252,7 +252,9 @@ def summarise(nodes: list[dict[str, Any]]) -> dict[str, Any]:
 
 def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (remote, capacity): what read-through does to remote GETs under
-    round-robin, and how much of that cut prefix-affinity routing alone gives."""
+    round-robin; what prefix-affinity routing alone does to them (``affinity_cut``)
+    and how that compares with read-through's cut (``routing_share_of_gain``: 1.0,
+    routing alone saves as many GETs as read-through)."""
     by = {(r["remote"], r["capacity_percent"], r["routing"], r["read_through"]): r
           for r in rows}
     out = []
@@ -272,8 +274,12 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if aff is not None:
             gets_aff = aff["remote_gets"]["objects"]
             t["remote_gets_affinity_off"] = gets_aff
+            t["affinity_cut"] = 1 - gets_aff / gets_off if gets_off else None
             t["routing_share_of_gain"] = ((gets_off - gets_aff) / (gets_off - gets_on)
                                           if gets_off != gets_on else None)
+        aff_on = by.get((remote, pct, "affinity", True))
+        if aff_on is not None:
+            t["remote_gets_affinity_on"] = aff_on["remote_gets"]["objects"]
         out.append(t)
     return out
 

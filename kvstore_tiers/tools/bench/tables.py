@@ -349,13 +349,10 @@ def fleet_tables(fleet: dict[str, Any]) -> list[Any]:
     """A ``bench --trace --nodes`` result: one row per (remote, routing, read-through,
     capacity), one per node of each, and the read-through target per remote (when
     round-robin ran with read-through off and on)."""
-    from rich.table import Table
+    from rich.table import Column, Table
 
     def table(title: str, cols: str) -> Any:
-        t = Table(title=title)
-        for col in cols.split(","):
-            t.add_column(col, justify="right")
-        return t
+        return Table(*(Column(c, justify="right") for c in cols.split(",")), title=title)
 
     head = (f"{fleet['nodes']} nodes, {fleet['requests']:,} requests of {fleet['trace']} "
             f"({fleet['distinct_blocks']:,} distinct blocks), chunk {_size(fleet['chunk_bytes'])},"
@@ -384,17 +381,19 @@ def fleet_tables(fleet: dict[str, Any]) -> list[Any]:
                       *(f"{p[k]['objects']:,}" for k in ("remote_gets", "remote_puts")),
                       *(f"{p[k]:,}" for k in ("remote_put_attempts", "remote_existed",
                                               "read_through_stored", "fs_evictions")))
-    g = table("read-through under round-robin: remote GETs off -> on (target: at least 30 % "
-              "fewer at a hit rate no lower), and affinity routing without read-through",
-              "remote,fs cap %,GETs off,GETs on,cut,hit off,hit on,met,GETs affinity,"
-              "routing's share of the cut")
-    def opt(v: Any, fmt: str) -> str:
-        return "-" if v is None else format(v, fmt)
-
+    g = table("remote GETs: round-robin with read-through off and on (target: at least 30 % "
+              "fewer at a hit rate no lower); affinity routing off, its cut, as a multiple of "
+              "read-through's, and on", "remote,fs cap %,GETs off,GETs on,cut,hit off,hit on,"
+              "met,affinity off,affinity cut,x read-through's,affinity on")
     for x in fleet.get("targets", []):
         g.add_row(x["remote"], f"{x['capacity_percent']:g}", f"{x['remote_gets_off']:,}",
-                  f"{x['remote_gets_on']:,}", opt(x["read_through_cut"], ".0%"),
+                  f"{x['remote_gets_on']:,}", _opt(x["read_through_cut"], ".0%"),
                   f"{x['hit_rate_off']:.3f}", f"{x['hit_rate_on']:.3f}",
-                  "yes" if x["met"] else "no", opt(x.get("remote_gets_affinity_off"), ","),
-                  opt(x.get("routing_share_of_gain"), ".0%"))
+                  "yes" if x["met"] else "no", _opt(x.get("remote_gets_affinity_off"), ","),
+                  _opt(x.get("affinity_cut"), ".0%"), _opt(x.get("routing_share_of_gain"), ".1f"),
+                  _opt(x.get("remote_gets_affinity_on"), ","))
     return [t, n, g] if g.row_count else [t, n]
+
+
+def _opt(v: Any, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
