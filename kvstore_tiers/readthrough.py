@@ -93,6 +93,12 @@ class Intake:
         self._ctx, self._batch = ctx, batch
 
     @property
+    def pending_bytes(self) -> int:
+        """Bytes of copies offered and not yet written or dropped (0: no fill waiting
+        or running; a fill is no vLLM job, so the manager's pending work omits it)."""
+        return self._pending
+
+    @property
     def not_cached(self) -> int:
         """Blocks offered and not cached for want of room."""
         return self.dropped + self.refused

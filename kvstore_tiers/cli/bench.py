@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from kvstore_tiers.cli import bench_trace
 from kvstore_tiers.cli._common import require_extra
 
 
@@ -116,6 +117,19 @@ from kvstore_tiers.cli._common import require_extra
 @click.option("--tier-key", "tier_keys", multiple=True, metavar="KEY=VALUE",
               help="--trace: a tier config key for every replayed tier (repeatable; VALUE "
               "read as JSON, else as a string), e.g. eviction_events=off.")
+@click.option("--nodes", type=click.IntRange(2, 8), default=None,
+              help="--trace: replay on a fleet of N nodes (processes, each with vLLM's "
+              "manager and its own fs tier of --capacity % of the working set, default 10) "
+              "sharing one remote, --tier redis or s3 (default both); writes fleet.json "
+              "(docs/write-economics.md#a-fleet-sharing-one-remote).")
+@click.option("--routing", "routings", type=click.Choice(["round-robin", "affinity"]),
+              multiple=True, help="--nodes: how requests are dealt to the nodes "
+              "(repeatable; default both).")
+@click.option("--read-through", type=click.Choice(["off", "on", "both"]), default=None,
+              help="--nodes: the fs tiers' read_through key (default both).")
+@click.option("--affinity-blocks", type=click.IntRange(1), default=None,
+              help="--nodes: affinity routing hashes the prefix of this many blocks "
+              "(default 2: every request of the conversation trace shares its first).")
 def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           total_mib: int | None, rounds: int | None, reload_rounds: int, directory: Path,
           samples_dir: Path | None, redis_url: str | None, s3_bucket: str | None,
@@ -124,7 +138,9 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           backpressure: bool, model: str | None, single_process: bool | None,
           trace_path: Path | None, policies: tuple[str, ...], capacities: tuple[float, ...],
           n_requests: int | None, primary_blocks: int | None, min_sightings: int,
-          load_trace: bool, load_trace_file: Path | None, tier_keys: tuple[str, ...]) -> None:
+          load_trace: bool, load_trace_file: Path | None, tier_keys: tuple[str, ...],
+          nodes: int | None, routings: tuple[str, ...], read_through: str | None,
+          affinity_blocks: int | None) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
@@ -146,6 +162,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
       kvstore-tiers bench --load-trace-summary /tmp/engine-load-trace.jsonl
       kvstore-tiers bench --trace mooncake-conversation.jsonl --requests 3000 \\
           --policy always --policy reuse --tier fs --tier redis --samples DIR
+      kvstore-tiers bench --trace mooncake-conversation.jsonl --nodes 4 --requests 1000
     """
     require_extra("vllm", "torch")
     from rich.console import Console
@@ -171,7 +188,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
                     rounds or 2)
         return
     trace_only = ("policies", "capacities", "n_requests", "primary_blocks", "min_sightings",
-                  "tier_keys")
+                  "tier_keys", "nodes", *bench_trace.FLEET_ONLY)
     given = [n for n in trace_only
              if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
     if trace_path is not None:
@@ -184,6 +201,19 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
                                    f"{_flags(given)}")
         if len(chunk_kib) > 1:
             raise click.UsageError("--trace takes one --chunk-kib")
+        given = [n for n in (bench_trace.NOT_FOR_FLEET if nodes else bench_trace.FLEET_ONLY)
+                 if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"{_flags(given)} "
+                                   f"{'do not apply to' if nodes else 'only apply to'} --nodes")
+        if nodes:
+            given_tier = ctx.get_parameter_source("tiers") is click.core.ParameterSource.COMMANDLINE
+            bench_trace.fleet(trace_path, nodes, bench_trace.remotes(tiers, given_tier),
+                              routings, bench_trace.read_through_modes(read_through),
+                              affinity_blocks, capacities, n_requests, primary_blocks,
+                              chunk_kib[0] if chunk_kib else None, directory,
+                              _samples_dir(samples_dir), out_dir)
+            return
         _trace(trace_path, tiers, policies, capacities, n_requests, primary_blocks,
                min_sightings, chunk_kib, directory, samples_dir, out_dir, no_plots,
                _tier_keys(tier_keys, tiers))
@@ -317,10 +347,8 @@ def _trace(trace_path: Path, tiers: tuple[str, ...], policies: tuple[str, ...],
            samples_dir: Path | None, out_dir: Path, no_plots: bool,
            tier_keys: dict[str, Any]) -> None:
     """``--trace``: the write-economics replay; trace.json, the table and the plot."""
-    from rich.console import Console
-
-    from kvstore_tiers.tools.bench import trace, trace_file
-    from kvstore_tiers.tools.bench.runner import code_info, machine_info, write_json
+    from kvstore_tiers.tools.bench import trace
+    from kvstore_tiers.tools.bench.runner import write_json
     from kvstore_tiers.tools.bench.tables import trace_table
 
     plan = trace.TracePlan(trace=trace_path, requests=n_requests,
@@ -333,25 +361,11 @@ def _trace(trace_path: Path, tiers: tuple[str, ...], policies: tuple[str, ...],
     if chunk_kib:
         plan.chunk_kib = chunk_kib[0]
     plan.samples_dir = _samples_dir(samples_dir)
-    try:
-        requests = trace_file.load(trace_path, n_requests)
-    except trace_file.TraceError as exc:
-        raise click.BadParameter(str(exc), param_hint="--trace") from None
-    if not requests:
-        raise click.BadParameter(f"{trace_path} holds no request", param_hint="--trace")
-    console = Console() if sys.stdout.isatty() else Console(width=220)
-    result: dict[str, Any] = {"machine": machine_info(), "code": code_info(),
-                              "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    t0 = time.time()
-
-    def partial(so_far: dict[str, Any]) -> None:
-        write_json({**result, "trace": so_far, "complete": False}, out_dir / "trace.json")
-
-    result["trace"] = trace.run(
-        plan, requests, lambda msg: console.print(f"[{time.time() - t0:5.0f} s] {msg}"),
-        partial)
-    result["seconds"] = time.time() - t0
-    result["complete"] = True
+    requests = bench_trace.load_requests(trace_path, n_requests)
+    console = bench_trace.console()
+    result = bench_trace.run_to_json("trace", out_dir / "trace.json", console,
+                                     lambda progress, partial: trace.run(
+                                         plan, requests, progress, partial))
     console.print(trace_table(result["trace"]))
     console.print(f"result: {write_json(result, out_dir / 'trace.json')}")
     if not no_plots:

@@ -152,6 +152,7 @@ COVERED_BY: list[tuple[str, str]] = [
     (r"kvstore-memory", "tests/plugins/test_memory_plugin.py"),
     (r"^pip install", "tests/e2e/test_readme_cpu_install.py"),
     (r"^bash scripts/demo\.sh|kvstore-tiers demo", "tests/e2e/test_two_process_tier.py"),
+    (r"kvstore-tiers bench --trace .*--nodes", "tests/tools/test_fleet_bench.py"),
     (r"kvstore-tiers bench --trace|trace_design|mooncake-conversation\.jsonl|"
      r"^export KVSTORE_KV_SAMPLES=", "tests/tools/test_trace_bench.py"),
     (r"kvstore-tiers bench --engine", "tests/e2e/test_engine_bench_e2e.py"),

@@ -343,3 +343,57 @@ def trace_table(trace: dict[str, Any]) -> Any:
                   f"{r['load_gbps']:.3f}" if r["load_gbps"] is not None else "-",
                   f"{r['replay']['seconds']:.0f}")
     return t
+
+
+def fleet_tables(fleet: dict[str, Any]) -> list[Any]:
+    """A ``bench --trace --nodes`` result: one row per (remote, routing, read-through,
+    capacity), one per node of each, and the read-through target per remote (when
+    round-robin ran with read-through off and on)."""
+    from rich.table import Column, Table
+
+    def table(title: str, cols: str) -> Any:
+        return Table(*(Column(c, justify="right") for c in cols.split(",")), title=title)
+
+    head = (f"{fleet['nodes']} nodes, {fleet['requests']:,} requests of {fleet['trace']} "
+            f"({fleet['distinct_blocks']:,} distinct blocks), chunk {_size(fleet['chunk_bytes'])},"
+            f" primary {fleet['primary_blocks']} blocks per node")
+    t = table(f"fleet: {head}; hit rates in blocks/blocks",
+              "remote,routing,read-through,fs cap %,hit,primary,fs,remote,remote GETs,GET MiB,"
+              "PUTs,PUT MiB,PUT attempts,existed,dup blocks,RT stored,RT dropped,stale hits,s")
+    n = table(f"fleet per node: {head}; hits in blocks",
+              "remote,routing,read-through,node,requests,hit,primary,fs,remote,remote GETs,"
+              "PUTs,PUT attempts,existed,RT stored,fs evictions")
+    for r in fleet["rows"]:
+        key = (r["remote"], r["routing"], "on" if r["read_through"] else "off")
+        by = r["hit_rate_by_source"]
+        t.add_row(*key, f"{r['capacity_percent']:g}", f"{r['block_hit_rate']:.3f}",
+                  *(f"{by.get(s, 0):.3f}" for s in ("primary", "fs", "remote")),
+                  f"{r['remote_gets']['objects']:,}", f"{r['remote_gets']['bytes'] / MiB:,.1f}",
+                  f"{r['remote_puts']['objects']:,}", f"{r['remote_puts']['bytes'] / MiB:,.1f}",
+                  *(f"{r[k]:,}" for k in ("remote_put_attempts", "remote_existed",
+                                          "duplicate_blocks", "read_through_stored",
+                                          "read_through_dropped", "stale_hits")),
+                  f"{r['seconds']:.0f}")
+        for p in r["per_node"]:
+            n.add_row(*key, str(p["node"]), f"{p['requests']:,}",
+                      f"{p['blocks_hit'] / max(1, p['blocks_requested']):.3f}",
+                      *(f"{p['hits'].get(s, 0):,}" for s in ("primary", "fs", "remote")),
+                      *(f"{p[k]['objects']:,}" for k in ("remote_gets", "remote_puts")),
+                      *(f"{p[k]:,}" for k in ("remote_put_attempts", "remote_existed",
+                                              "read_through_stored", "fs_evictions")))
+    g = table("remote GETs: round-robin with read-through off and on (target: at least 30 % "
+              "fewer at a hit rate no lower); affinity routing off, its cut, as a multiple of "
+              "read-through's, and on", "remote,fs cap %,GETs off,GETs on,cut,hit off,hit on,"
+              "met,affinity off,affinity cut,x read-through's,affinity on")
+    for x in fleet.get("targets", []):
+        g.add_row(x["remote"], f"{x['capacity_percent']:g}", f"{x['remote_gets_off']:,}",
+                  f"{x['remote_gets_on']:,}", _opt(x["read_through_cut"], ".0%"),
+                  f"{x['hit_rate_off']:.3f}", f"{x['hit_rate_on']:.3f}",
+                  "yes" if x["met"] else "no", _opt(x.get("remote_gets_affinity_off"), ","),
+                  _opt(x.get("affinity_cut"), ".0%"), _opt(x.get("routing_share_of_gain"), ".1f"),
+                  _opt(x.get("remote_gets_affinity_on"), ","))
+    return [t, n, g] if g.row_count else [t, n]
+
+
+def _opt(v: Any, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)

@@ -205,9 +205,11 @@ class Replayer:
         if hits:
             src = self.tier.cache_hit_source
             with h.locked():
-                from_tier = [i for i in range(hits) if m.get_load_source(keys[i], ctx) == src]
+                sources = [m.get_load_source(k, ctx) for k in keys[:hits]]
                 m.prepare_load(keys[:hits], ctx)
                 m.complete_load(keys[:hits], ctx)
+            from_tier = [i for i, s in enumerate(sources) if s == src]
+            self._hit_sources(keys[:hits], sources)
             st.blocks_hit += hits
             st.tokens_hit += sum(req.block_tokens(i) for i in range(hits))
             if from_tier:
@@ -220,6 +222,9 @@ class Replayer:
                         [req.hash_ids[i] for i in rest[p:p + STORE_PIECE]], ctx, deadline)
         h.finish_request(ctx)
         h.step()
+
+    def _hit_sources(self, keys: list[bytes], sources: list[Any]) -> None:
+        """Told of a request's leading hits and vLLM's ``get_load_source`` of each."""
 
     def _store(self, keys: list[bytes], ids: list[int], ctx: Any, deadline: float) -> None:
         h, m = self.h, self.m

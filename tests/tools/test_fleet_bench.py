@@ -1,0 +1,200 @@
+"""``bench --trace --nodes``: the routing, and a small fleet replay through vLLM's real
+manager in two node processes, on a real redis-server and a real moto S3 server,
+whose accounting must add up."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvstore_tiers.tools.bench import fleet
+from kvstore_tiers.tools.bench.trace_file import TraceRequest, load
+from tests.servers import moto_server_bin
+from tests.tools.test_trace_bench import CONVERSATION, needs_trace
+
+
+def _req(*ids: int) -> TraceRequest:
+    return TraceRequest(0, 512 * len(ids), 0, ids)
+
+
+# -- routing ---------------------------------------------------------------------------------
+def test_jump_hash_is_consistent_and_even() -> None:
+    keys = [fleet.affinity_key(_req(1, b), 2) for b in range(4000)]
+    for n in range(1, 9):
+        for k in keys:
+            b = fleet.jump_hash(k, n)
+            assert 0 <= b < n
+            # One more node: a key stays, or moves to the new node, never elsewhere.
+            assert fleet.jump_hash(k, n + 1) in (b, n)
+    spread = Counter(fleet.jump_hash(k, 4) for k in keys)
+    assert min(spread.values()) > 0.8 * len(keys) / 4
+
+
+def test_round_robin_deals_in_turn_and_affinity_follows_the_prefix() -> None:
+    reqs = [_req(0, 10 + i % 5, 100 + i) for i in range(40)] + [_req(0)]
+    assert fleet.route(reqs, 3, "round-robin") == [i % 3 for i in range(41)]
+    nodes = fleet.route(reqs, 4, "affinity", affinity_blocks=2)
+    by_prefix: dict[int, set[int]] = {}
+    for r, n in zip(reqs, nodes, strict=True):
+        by_prefix.setdefault(r.hash_ids[1] if len(r.hash_ids) > 1 else -1, set()).add(n)
+    assert all(len(v) == 1 for v in by_prefix.values())
+    assert len(set(nodes)) > 1
+    # One block: every request shares block 0, so all go to one node.
+    assert len(set(fleet.route(reqs, 4, "affinity", affinity_blocks=1))) == 1
+    with pytest.raises(ValueError, match="routing"):
+        fleet.route(reqs, 2, "random")
+
+
+@needs_trace
+def test_affinity_spreads_the_conversation_trace() -> None:
+    reqs = load(CONVERSATION, limit=2000)
+    assert len(set(fleet.route(reqs, 4, "affinity", affinity_blocks=1))) == 1
+    spread = Counter(fleet.route(reqs, 4, "affinity"))
+    assert len(spread) == 4 and min(spread.values()) > len(reqs) / 8
+
+
+def test_targets_compare_read_through_and_routing() -> None:
+    def row(routing: str, rt: bool, gets: int, hit: float) -> dict[str, Any]:
+        return {"remote": "redis", "capacity_percent": 10.0, "routing": routing,
+                "read_through": rt, "remote_gets": {"objects": gets}, "block_hit_rate": hit}
+
+    rows = [row("round-robin", False, 1000, 0.30), row("round-robin", True, 600, 0.30),
+            row("affinity", False, 800, 0.31), row("affinity", True, 500, 0.31)]
+    (t,) = fleet.targets(rows)
+    assert t["read_through_cut"] == pytest.approx(0.4) and t["met"]
+    assert t["affinity_cut"] == pytest.approx(0.2) and t["remote_gets_affinity_on"] == 500
+    assert t["routing_share_of_gain"] == pytest.approx(0.5)  # 200 of the 400 GETs saved
+    rows[1]["block_hit_rate"] = 0.29
+    assert not fleet.targets(rows)[0]["met"]
+
+
+# -- a real fleet ---------------------------------------------------------------------------
+#: Two nodes, round-robin: even requests on node 0, odd ones on node 1; a primary of
+#: 10 blocks, so the 10-block requests push the earlier blocks out of it.
+TRACE = [
+    _req(1, 2, 3, 4, 5, 6),  # 0: computed (fs 0, remote)
+    _req(1, 2, 3, 4, 5, 6, 7),  # 1: 1-6 from the remote; 7 computed
+    _req(*range(11, 21)),  # 0
+    _req(*range(21, 31)),  # 1
+    _req(1, 2, 3, 4, 5, 6, 8),  # 0: 1-6 from its fs
+    _req(1, 2, 3, 4, 5, 6, 7, 9),  # 1: 1-6 from the remote again, 7 from its fs
+    _req(31, 25),  # 0: 31 misses, so 25 is computed again: node 1 stored it
+    _req(33, 34),  # 1
+    _req(31),  # 0: from its primary
+    _req(33),  # 1: from its primary
+]
+
+
+@pytest.fixture(scope="module")
+def fleet_result(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    if importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs vLLM")
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server not installed")
+    moto_server_bin()
+    # Round-robin only (affinity deals by fleet.route, tested above): each run costs
+    # seconds, the node processes tens of seconds.
+    plan = fleet.FleetPlan(trace=Path("hand-made"), nodes=2, capacities=(100.0,),
+                           routings=("round-robin",), chunk_kib=8, primary_blocks=10,
+                           directory=tmp_path_factory.mktemp("fleet"))
+    return fleet.run(plan, TRACE, progress=lambda msg: None)
+
+
+def test_the_fleet_runs_every_remote_and_read_through(fleet_result: dict[str, Any]) -> None:
+    runs = [(r["remote"], r["routing"], r["read_through"]) for r in fleet_result["rows"]]
+    assert runs == [(remote, "round-robin", rt) for remote in ("redis", "s3")
+                    for rt in (False, True)]
+    assert fleet_result["distinct_blocks"] == 32
+
+
+def test_per_source_hits_and_per_node_figures_add_up(fleet_result: dict[str, Any]) -> None:
+    for row in fleet_result["rows"]:
+        nodes = row["per_node"]
+        assert sum(row["hits"].values()) == row["blocks_hit"]
+        for n in nodes:
+            assert sum(n["hits"].values()) == n["blocks_hit"]
+            # Every block promoted from a tier was a hit counted for it.
+            assert n["hits"]["remote"] == n["remote_gets"]["objects"]
+            assert n["hits"]["fs"] == n["counters"]["fs"]["objects_loaded"]
+        for key in ("requests", "blocks_requested", "blocks_hit", "remote_put_attempts",
+                    "remote_existed", "read_through_stored"):
+            assert row[key] == sum(n[key] for n in nodes), key
+        for key in ("remote_gets", "remote_puts"):
+            for part in ("objects", "bytes"):
+                assert row[key][part] == sum(n[key][part] for n in nodes)
+        assert row["requests"] == len(TRACE)
+        assert row["block_hit_rate"] == row["blocks_hit"] / row["blocks_requested"]
+        # Write-once remote: each block written by one node; a later put of it "existed".
+        assert row["remote_objects_on_server"] == row["remote_puts"]["objects"]
+        assert row["remote_blocks"] == row["remote_objects_on_server"]
+        assert row["remote_put_attempts"] == row["remote_puts"]["objects"] + row[
+            "remote_existed"]
+        assert row["remote_puts"]["bytes"] > row["remote_puts"]["objects"] * 8192 / 2
+
+
+def test_round_robin_counts_each_source_and_the_duplicate(fleet_result: dict[str, Any]
+                                                           ) -> None:
+    for row in fleet_result["rows"]:
+        n0, n1 = row["per_node"]
+        assert (n0["requests"], n1["requests"]) == (5, 5)
+        assert n0["hits"] == {"primary": 1, "fs": 6, "remote": 0}
+        # Blocks 1-6, read from the remote by node 1's request 1, are read again by its
+        # request 5: from the remote again, or with read-through from its own fs tier.
+        if row["read_through"]:
+            assert n1["hits"] == {"primary": 1, "fs": 7, "remote": 6}
+            assert (n0["read_through_stored"], n1["read_through_stored"]) == (0, 6)
+        else:
+            assert n1["hits"] == {"primary": 1, "fs": 1, "remote": 12}
+            assert row["read_through_stored"] == 0
+        assert n1["fs_written"] == 14 + n1["read_through_stored"]
+        # Block 25: stored by node 1, computed again by node 0, whose put found it there.
+        assert row["duplicate_blocks"] == 1
+        assert (n0["remote_existed"], n1["remote_existed"]) == (1, 0)
+        assert row["remote_puts"]["objects"] == 32
+    # Read-through halves the remote GETs here, at the same hit rate.
+    assert [(t["remote"], t["remote_gets_off"], t["remote_gets_on"], t["met"])
+            for t in fleet_result["targets"]] == [("redis", 12, 6, True), ("s3", 12, 6, True)]
+
+
+def test_the_tables_show_every_run(fleet_result: dict[str, Any]) -> None:
+    from rich.console import Console
+
+    from kvstore_tiers.tools.bench.tables import fleet_tables
+
+    tables = fleet_tables(fleet_result)
+    runs, per_node = tables[:2]
+    assert (runs.row_count, per_node.row_count) == (4, 8)
+    assert len(tables) == 3 and tables[2].row_count == 2
+    console = Console(record=True, width=300)
+    for table in tables:
+        console.print(table)
+    assert "round-robin" in console.export_text()
+
+
+# -- the CLI ---------------------------------------------------------------------------------
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="needs vLLM")
+def test_cli_fleet_options_are_checked() -> None:
+    from click.testing import CliRunner
+
+    from kvstore_tiers.cli import main
+
+    def usage(*args: str) -> str:
+        r = CliRunner().invoke(main, ["bench", *args])
+        assert r.exit_code == 2, r.output
+        return r.output
+
+    assert "only apply to --trace" in usage("--nodes", "4")
+    trace = ["--trace", __file__]
+    assert "--routing only apply to --nodes" in usage(*trace, "--routing", "affinity")
+    assert "--policy do not apply to --nodes" in usage(*trace, "--nodes", "4", "--policy",
+                                                       "reuse")
+    assert "picks the shared remote" in usage(*trace, "--nodes", "4", "--tier", "fs")
+    assert "--nodes" in usage(*trace, "--nodes", "9")
+    # The options pass; the file is no trace.
+    assert "not a trace request" in usage(*trace, "--nodes", "2", "--tier", "redis",
+                                          "--read-through", "off")
