@@ -57,8 +57,8 @@ if TYPE_CHECKING:
 _intakes: weakref.WeakKeyDictionary[Any, Intake] = weakref.WeakKeyDictionary()
 
 
-#: One load batch's copies: (keys, one view per row, bytes held).
-Part = tuple[list[bytes], list[memoryview], int]
+#: One load batch's copies: (keys, one row buffer each).
+Part = tuple[list[bytes], list[np.ndarray]]
 
 
 class Intake:
@@ -82,6 +82,11 @@ class Intake:
         self._batch = 1
         self._lock = threading.Lock()
         self._pending = 0  # bytes of copies made and not yet written or dropped
+        # Row buffers of copies no longer needed, reused by later copies: a
+        # fresh buffer's pages are faulted in and zeroed by the kernel during
+        # the copy, which would slow the load it is made from. In use plus
+        # kept never exceed max_bytes (a buffer is made only when none is kept).
+        self._free: list[np.ndarray] = []
         #: Blocks not cached because the copies waiting held ``max_bytes`` (I/O
         #: threads), or because the pool's queue was full (scheduler thread).
         self.dropped = 0
@@ -115,10 +120,13 @@ class Intake:
                 self.dropped += n
                 return None
             self._pending += nbytes
-        copies = np.empty((n, self.row_bytes), np.uint8)
-        for i, row in enumerate(rows):
-            copies[i] = np.frombuffer(row, np.uint8)
-        return keys, [memoryview(row) for row in copies], nbytes
+            free = self._free
+            bufs = free[len(free) - min(n, len(free)):]
+            del free[len(free) - len(bufs):]
+        bufs += [np.empty(self.row_bytes, np.uint8) for _ in range(n - len(bufs))]
+        for buf, row in zip(bufs, rows, strict=True):
+            np.copyto(buf, np.frombuffer(row, np.uint8))
+        return keys, bufs
 
     def copy_loaded(self, parts: list[Part], items: Sequence[LoadItem],
                     results: Sequence[Result]) -> None:
@@ -135,18 +143,25 @@ class Intake:
 
     def offer(self, parts: list[Part]) -> None:
         """A load job finished (its last I/O thread): a fill job of its copies."""
-        nbytes = sum(p[2] for p in parts)
+        bufs = [b for p in parts for b in p[1]]
         if self.closed or self._ctx is None:
-            self.written(nbytes)
+            self.written(bufs)
             return
         keys = [k for p in parts for k in p[0]]
-        views = [v for p in parts for v in p[1]]
-        self.offers.append(FillJob(self._ctx, self, keys, views, nbytes, self._batch))
+        self.offers.append(FillJob(self._ctx, self, keys, bufs, self._batch))
 
-    def written(self, nbytes: int) -> None:
-        """Copies of ``nbytes`` are no longer needed."""
+    def written(self, bufs: list[np.ndarray]) -> None:
+        """The copies ``bufs`` are no longer needed: kept for reuse."""
         with self._lock:
-            self._pending -= nbytes
+            self._pending -= len(bufs) * self.row_bytes
+            if not self.closed:
+                self._free += bufs
+
+    def close(self) -> None:
+        """Nothing more is taken; the kept buffers are freed."""
+        with self._lock:
+            self.closed = True
+            self._free = []
 
 
 class Copies(PrimaryRows):
@@ -167,16 +182,16 @@ class Copies(PrimaryRows):
 class FillJob(Job):
     """A store job of the caching tier whose rows are copies of other tiers' loads."""
 
-    __slots__ = ("intake", "nbytes")
+    __slots__ = ("bufs", "intake")
 
     def __init__(self, ctx: TransferContext, intake: Intake, keys: list[bytes],
-                 views: list[memoryview], nbytes: int, batch: int) -> None:
-        rows = Copies(views, intake.row_bytes)
+                 bufs: list[np.ndarray], batch: int) -> None:
+        rows = Copies([memoryview(b) for b in bufs], intake.row_bytes)
         super().__init__(dataclasses.replace(ctx, rows=rows), -1, is_load=False, req_id="",
                          keys=keys, cids=list(range(len(keys))), submit_time=time.monotonic(),
                          deadline=None, batch=batch)
         self.intake = intake
-        self.nbytes = nbytes
+        self.bufs = bufs  # all of them, also those keep() leaves out: returned at the end
 
     def keep(self, keys: list[bytes]) -> None:
         """Before it is queued: write only ``keys`` (the others are held already)."""
@@ -190,7 +205,7 @@ class FillJob(Job):
     def finish(self) -> None:
         super().finish()
         self.ctx.rows.release()
-        self.intake.written(self.nbytes)
+        self.intake.written(self.bufs)
 
 
 def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
@@ -205,13 +220,13 @@ def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
         if presence.holds_any(keys):
             keys = [k for k in keys if k not in presence]
             if not keys:
-                intake.written(job.nbytes)
+                intake.written(job.bufs)
                 continue
             job.keep(keys)
         presence.update(keys, job)
         if not pool.submit(job, is_load=False):
             presence.discard_receipt(keys, job)
-            intake.written(job.nbytes)
+            intake.written(job.bufs)
             intake.refused += len(keys)
     intake.ripe = len(offers)
 
@@ -229,7 +244,7 @@ def register(spec: Any, intake: Intake) -> None:
 
 def unregister(spec: Any, intake: Intake) -> None:
     """The caching tier shuts down: later loads are no longer offered to it."""
-    intake.closed = True
+    intake.close()
     if _intakes.get(spec) is intake:
         del _intakes[spec]
 

@@ -21,9 +21,8 @@ Threading contract (vLLM contract sections 4.0-4.16):
   step, so they allocate as little as they can (each container brings the
   next cyclic-GC pass closer: :class:`~kvstore_tiers.pool.PoolJob`).
 
-A key whose load failed answers MISS until its verdict ends
-(:mod:`kvstore_tiers.ledger`: vllm#49328, #49176), so a doomed promotion is
-never retried in a loop.
+A key whose load failed answers MISS until its verdict ends (:mod:`kvstore_tiers.ledger`:
+vllm#49328, #49176): a doomed promotion is never retried in a loop.
 """
 
 from __future__ import annotations
@@ -94,7 +93,6 @@ class KVStoreTier(SecondaryTierManager):
         backpressure_detector: Any | None = None,
         **tier_kwargs: Any,
     ) -> None:
-
         attach_to_vllm_logging()
         sweep_once()  # regions of killed engines would leak /dev/shm
         remote = self.backend_cls.remote
@@ -242,11 +240,13 @@ class KVStoreTier(SecondaryTierManager):
         return results
 
     def take_events(self) -> Iterable[OffloadingEvent]:
-        ledger = self._ledger
-        if not ledger.events:
-            return ()
-        events, ledger.events = ledger.events, []
-        return events
+        events = self._ledger.events
+        if events:  # None: kv events off
+            self._ledger.events = []
+        return events or ()
+
+    def has_pending_work(self) -> bool:  # read-through copies to write: no vLLM job waits
+        return self.intake.pending_bytes > 0 or bool(self.pool.finished)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Refresh recency/expiry (``supports_touch``: redis ``ttl_s``, fs LRU) of blocks

@@ -155,3 +155,40 @@ def test_one_tier_of_a_manager_may_read_through(harness_factory: Any, tmp_path: 
         harness_factory([fs(tmp_path / "1", read_through=True),
                          fs(tmp_path / "2", read_through=True), fs(tmp_path / "3")],
                         num_chunks=16, chunk_bytes=4096)
+
+
+def test_the_tier_has_pending_work_until_its_fills_are_written(
+    harness_factory: Any, tmp_path: Path
+) -> None:
+    """A fill is no vLLM job: the tier itself keeps an idle engine stepping until
+    the copies are written (else they would wait for the next request)."""
+    b = harness_factory([fs(tmp_path / "b", read_through=True), fs(tmp_path / "far")],
+                        num_chunks=16, chunk_bytes=ROW)
+    local = b.tiers[0]
+    keys, rows = make_keys(4, seed=11), rows_like(4, ROW, seed=11)
+    assert not b.manager.has_pending_work()
+    offer(local, keys, rows)
+    assert b.manager.has_pending_work()
+    b.settle()  # steps while the manager has pending work
+    assert local.counters.read_through_stored == 4 and objects(tmp_path / "b") == 4
+    assert not b.manager.has_pending_work()
+
+
+def test_copy_buffers_are_reused(harness_factory: Any, tmp_path: Path) -> None:
+    """A written fill's buffers take the next copies (their pages are faulted in
+    already), and a copy still holds the bytes it was made from."""
+    b = harness_factory([fs(tmp_path / "b", read_through=True), fs(tmp_path / "far")],
+                        num_chunks=16, chunk_bytes=ROW)
+    intake = b.tiers[0].intake
+    keys, rows = make_keys(6, seed=12), rows_like(6, ROW, seed=12)
+    first = intake.copy(keys[:3], [memoryview(r) for r in rows[:3]])
+    assert first is not None
+    intake.offer([first])
+    b.settle()
+    part = intake.copy(keys[3:], [memoryview(r) for r in rows[3:]])
+    assert part is not None
+    assert {id(buf) for buf in part[1]} == {id(buf) for buf in first[1]}
+    assert all(np.array_equal(buf, row) for buf, row in zip(part[1], rows[3:], strict=True))
+    intake.offer([part])
+    b.settle()
+    assert b.tiers[0].counters.read_through_stored == 6

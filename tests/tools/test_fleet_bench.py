@@ -61,12 +61,14 @@ def test_affinity_spreads_the_conversation_trace() -> None:
 def test_targets_compare_read_through_and_routing() -> None:
     def row(routing: str, rt: bool, gets: int, hit: float) -> dict[str, Any]:
         return {"remote": "redis", "capacity_percent": 10.0, "routing": routing,
-                "read_through": rt, "remote_gets": {"objects": gets}, "block_hit_rate": hit}
+                "read_through": rt, "remote_gets": {"objects": gets}, "block_hit_rate": hit,
+                "remote_repeats": gets // 2}
 
     rows = [row("round-robin", False, 1000, 0.30), row("round-robin", True, 600, 0.30),
             row("affinity", False, 800, 0.31), row("affinity", True, 500, 0.31)]
     (t,) = fleet.targets(rows)
     assert t["read_through_cut"] == pytest.approx(0.4) and t["met"]
+    assert t["cut_bound"] == pytest.approx(0.5)  # 500 of the 1,000 GETs off were repeats
     assert t["affinity_cut"] == pytest.approx(0.2) and t["remote_gets_affinity_on"] == 500
     assert t["routing_share_of_gain"] == pytest.approx(0.5)  # 200 of the 400 GETs saved
     rows[1]["block_hit_rate"] = 0.29
@@ -148,17 +150,21 @@ def test_round_robin_counts_each_source_and_the_duplicate(fleet_result: dict[str
         if row["read_through"]:
             assert n1["hits"] == {"primary": 1, "fs": 7, "remote": 6}
             assert (n0["read_through_stored"], n1["read_through_stored"]) == (0, 6)
+            assert row["remote_repeats"] == 0
         else:
             assert n1["hits"] == {"primary": 1, "fs": 1, "remote": 12}
             assert row["read_through_stored"] == 0
+            assert (n0["remote_repeats"], n1["remote_repeats"]) == (0, 6)
         assert n1["fs_written"] == 14 + n1["read_through_stored"]
         # Block 25: stored by node 1, computed again by node 0, whose put found it there.
         assert row["duplicate_blocks"] == 1
         assert (n0["remote_existed"], n1["remote_existed"]) == (1, 0)
         assert row["remote_puts"]["objects"] == 32
-    # Read-through halves the remote GETs here, at the same hit rate.
-    assert [(t["remote"], t["remote_gets_off"], t["remote_gets_on"], t["met"])
-            for t in fleet_result["targets"]] == [("redis", 12, 6, True), ("s3", 12, 6, True)]
+    # Read-through halves the remote GETs here, at the same hit rate: all it could
+    # (half of the GETs without it repeat a node's earlier GET).
+    assert [(t["remote"], t["remote_gets_off"], t["remote_gets_on"], t["cut_bound"], t["met"])
+            for t in fleet_result["targets"]] == [("redis", 12, 6, 0.5, True),
+                                                  ("s3", 12, 6, 0.5, True)]
 
 
 def test_the_tables_show_every_run(fleet_result: dict[str, Any]) -> None:

@@ -224,6 +224,7 @@ def summarise(nodes: list[dict[str, Any]]) -> dict[str, Any]:
             # Keys the remote reported stored (written, or there already) and failed ones.
             "remote_put_attempts": r["remote_offered"] + rem["store_failures"],
             "remote_existed": r["remote_offered"] - rem["objects_stored"],
+            "remote_repeats": r["remote_repeats"],
             "fs_written": fs["objects_stored"], "fs_evictions": fs["evicted_objects"],
             "read_through_stored": fs.get("read_through_stored", 0),
             "read_through_dropped": fs.get("read_through_dropped", 0),
@@ -267,6 +268,8 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         cut = 1 - gets_on / gets_off if gets_off else None
         t = {"remote": remote, "capacity_percent": pct, "remote_gets_off": gets_off,
              "remote_gets_on": gets_on, "read_through_cut": cut,
+             # A node's repeat remote loads: what read-through could save at most.
+             "cut_bound": off["remote_repeats"] / gets_off if gets_off else None,
              "hit_rate_off": off["block_hit_rate"], "hit_rate_on": on["block_hit_rate"],
              "met": cut is not None and cut >= 0.30
              and on["block_hit_rate"] >= off["block_hit_rate"]}

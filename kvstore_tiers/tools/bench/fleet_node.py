@@ -42,7 +42,9 @@ class FleetReplayer(Replayer):
       for every tier of ours), and the tier is the one vLLM handed the
       block's promotion to (``submit_load`` of the tier at that index);
     * the blocks each tier reported stored (written, or found there already)
-      in its kv events: for the remote tier, the blocks this node sent it.
+      in its kv events: for the remote tier, the blocks this node sent it;
+    * the remote loads of a block this node loaded from the remote before
+      (``remote_repeats``): with read-through off, the most it could save.
     """
 
     def __init__(self, harness: Any, rows: Any) -> None:
@@ -51,6 +53,8 @@ class FleetReplayer(Replayer):
         self.by_source = [0] * (1 + len(tiers))
         self.remote_offered = 0  # keys in the remote tier's stored events (repeats counted)
         self.remote_blocks: set[int] = set()
+        self.remote_repeats = 0
+        self._remote_loaded: set[bytes] = set()
         self._loaded_from: dict[bytes, int] = {}
         self._ids: dict[bytes, int] = {}
         for i, tier in enumerate(tiers):
@@ -76,22 +80,19 @@ class FleetReplayer(Replayer):
         self.take_events()
 
     def settle(self, timeout_s: float) -> None:
-        """Step until the manager's jobs and the fs tier's read-through fills (no vLLM
-        job, so not in the manager's pending work) are done and applied."""
-        self.h.settle(timeout_s)
-        intake = self.tier.intake
-        deadline = time.monotonic() + timeout_s
-        while intake.offers or intake.pending_bytes:
-            if time.monotonic() > deadline:
-                raise TimeoutError("read-through fills unfinished")
-            self.h.step()
-            time.sleep(self.sleep)
+        """Step until the manager's jobs and the fs tier's read-through fills are done
+        and applied."""
+        self.h.settle(timeout_s)  # fills included: the fs tier has pending work till written
         self.h.step()  # the fills' completions reach the fs tier's index and counters
 
     def _hit_sources(self, keys: list[bytes], sources: list[Any]) -> None:
-        disk = self.tier.cache_hit_source
+        disk, remote = self.tier.cache_hit_source, len(self.h.tiers) - 1
         for k, s in zip(keys, sources, strict=True):
-            self.by_source[1 + self._loaded_from[k] if s == disk else 0] += 1
+            source = self._loaded_from[k] if s == disk else -1
+            self.by_source[1 + source] += 1
+            if source == remote:
+                self.remote_repeats += k in self._remote_loaded
+                self._remote_loaded.add(k)
 
     def take_events(self) -> None:
         """Drain the kv events; keep the blocks the remote tier (the last) stored."""
@@ -118,6 +119,7 @@ class FleetReplayer(Replayer):
         return {"replay": dataclasses.asdict(self.stats),
                 "hits": dict(zip(SOURCES, self.by_source, strict=True)),
                 **tiers, "remote_offered": self.remote_offered,
+                "remote_repeats": self.remote_repeats,
                 "remote_blocks": sorted(self.remote_blocks),
                 "requests_by_kind": dict(requests) if requests is not None else None}
 

@@ -359,7 +359,8 @@ def fleet_tables(fleet: dict[str, Any]) -> list[Any]:
             f" primary {fleet['primary_blocks']} blocks per node")
     t = table(f"fleet: {head}; hit rates in blocks/blocks",
               "remote,routing,read-through,fs cap %,hit,primary,fs,remote,remote GETs,GET MiB,"
-              "PUTs,PUT MiB,PUT attempts,existed,dup blocks,RT stored,RT dropped,stale hits,s")
+              "repeat GETs,PUTs,PUT MiB,PUT attempts,existed,dup blocks,RT stored,RT dropped,"
+              "stale hits,s")
     n = table(f"fleet per node: {head}; hits in blocks",
               "remote,routing,read-through,node,requests,hit,primary,fs,remote,remote GETs,"
               "PUTs,PUT attempts,existed,RT stored,fs evictions")
@@ -369,7 +370,8 @@ def fleet_tables(fleet: dict[str, Any]) -> list[Any]:
         t.add_row(*key, f"{r['capacity_percent']:g}", f"{r['block_hit_rate']:.3f}",
                   *(f"{by.get(s, 0):.3f}" for s in ("primary", "fs", "remote")),
                   f"{r['remote_gets']['objects']:,}", f"{r['remote_gets']['bytes'] / MiB:,.1f}",
-                  f"{r['remote_puts']['objects']:,}", f"{r['remote_puts']['bytes'] / MiB:,.1f}",
+                  f"{r['remote_repeats']:,}", f"{r['remote_puts']['objects']:,}",
+                  f"{r['remote_puts']['bytes'] / MiB:,.1f}",
                   *(f"{r[k]:,}" for k in ("remote_put_attempts", "remote_existed",
                                           "duplicate_blocks", "read_through_stored",
                                           "read_through_dropped", "stale_hits")),
@@ -382,12 +384,14 @@ def fleet_tables(fleet: dict[str, Any]) -> list[Any]:
                       *(f"{p[k]:,}" for k in ("remote_put_attempts", "remote_existed",
                                               "read_through_stored", "fs_evictions")))
     g = table("remote GETs: round-robin with read-through off and on (target: at least 30 % "
-              "fewer at a hit rate no lower); affinity routing off, its cut, as a multiple of "
-              "read-through's, and on", "remote,fs cap %,GETs off,GETs on,cut,hit off,hit on,"
-              "met,affinity off,affinity cut,x read-through's,affinity on")
+              "fewer at a hit rate no lower; at most: the share of GETs off that repeat a "
+              "node's earlier GET); affinity routing off, its cut, as a multiple of "
+              "read-through's, and on", "remote,fs cap %,GETs off,GETs on,cut,at most,hit off,"
+              "hit on,met,affinity off,affinity cut,x read-through's,affinity on")
     for x in fleet.get("targets", []):
         g.add_row(x["remote"], f"{x['capacity_percent']:g}", f"{x['remote_gets_off']:,}",
                   f"{x['remote_gets_on']:,}", _opt(x["read_through_cut"], ".0%"),
+                  _opt(x.get("cut_bound"), ".0%"),
                   f"{x['hit_rate_off']:.3f}", f"{x['hit_rate_on']:.3f}",
                   "yes" if x["met"] else "no", _opt(x.get("remote_gets_affinity_off"), ","),
                   _opt(x.get("affinity_cut"), ".0%"), _opt(x.get("routing_share_of_gain"), ".1f"),
