@@ -49,6 +49,7 @@ import numpy as np
 
 from kvstore_tiers.batching import LoadItem, Result
 from kvstore_tiers.job import Job, PrimaryRows, TransferContext
+from kvstore_tiers.metrics import TierCounters
 
 if TYPE_CHECKING:
     from kvstore_tiers.pool import IOPool
@@ -68,8 +69,9 @@ class Intake:
     ``offers`` (fill jobs ready to queue) is emptied by the caching tier's
     scheduler thread, which alone reads and writes ``ripe``;
     :meth:`written` is called by the caching tier's I/O thread that finishes a
-    fill. The lock guards only the byte count and ``dropped``, among I/O
-    threads: the scheduler thread takes no lock here.
+    fill. The lock guards the byte count, the kept buffers and the caching
+    tier's ``read_through_dropped`` counter (the scheduler thread takes it only
+    to count a fill its pool refused).
     """
 
     def __init__(self, label: str, row_bytes: int, max_bytes: int) -> None:
@@ -87,15 +89,14 @@ class Intake:
         # the copy, which would slow the load it is made from. In use plus
         # kept never exceed max_bytes (a buffer is made only when none is kept).
         self._free: list[np.ndarray] = []
-        #: Blocks not cached because the copies waiting held ``max_bytes`` (I/O
-        #: threads), or because the pool's queue was full (scheduler thread).
-        self.dropped = 0
-        self.refused = 0
+        #: Where blocks not cached for want of room are counted (bind).
+        self._counters = TierCounters()
         self.closed = False  # the caching tier shut down: nothing more is taken
 
-    def bind(self, ctx: TransferContext, batch: int) -> None:
-        """The caching tier's transfer context and store batch, for its fills."""
-        self._ctx, self._batch = ctx, batch
+    def bind(self, ctx: TransferContext, batch: int, counters: TierCounters) -> None:
+        """The caching tier's transfer context and store batch, for its fills, and
+        its counters."""
+        self._ctx, self._batch, self._counters = ctx, batch, counters
 
     @property
     def pending_bytes(self) -> int:
@@ -103,21 +104,17 @@ class Intake:
         or running; a fill is no vLLM job, so the manager's pending work omits it)."""
         return self._pending
 
-    @property
-    def not_cached(self) -> int:
-        """Blocks offered and not cached for want of room."""
-        return self.dropped + self.refused
-
     def copy(self, keys: list[bytes], rows: Sequence[memoryview]) -> Part | None:
         """Copies of ``rows`` (verified, just landed) for a fill of ``keys``; None
-        past ``max_bytes`` (the blocks are counted in ``dropped``) or once closed."""
+        past ``max_bytes`` (the blocks are counted in ``read_through_dropped``) or
+        once closed."""
         n = len(keys)
         nbytes = n * self.row_bytes
         with self._lock:
             if self.closed:
                 return None
             if self._pending + nbytes > self.max_bytes:
-                self.dropped += n
+                self._counters.read_through_dropped += n
                 return None
             self._pending += nbytes
             free = self._free
@@ -156,6 +153,11 @@ class Intake:
             self._pending -= len(bufs) * self.row_bytes
             if not self.closed:
                 self._free += bufs
+
+    def refused(self, n: int) -> None:
+        """The caching tier's pool refused a fill of ``n`` blocks (scheduler thread)."""
+        with self._lock:
+            self._counters.read_through_dropped += n
 
     def close(self) -> None:
         """Nothing more is taken; the kept buffers are freed."""
@@ -212,7 +214,7 @@ def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
     """Scheduler thread of the caching tier: queue the fill jobs that were
     already offered at the last poll, without the keys ``presence`` holds
     (stored, or a store in flight); blocks that find no room in the pool's
-    queue are counted in ``intake.refused``."""
+    queue are counted in ``read_through_dropped``."""
     offers = intake.offers
     for _ in range(min(intake.ripe, len(offers))):
         job = offers.popleft()
@@ -227,7 +229,7 @@ def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
         if not pool.submit(job, is_load=False):
             presence.discard_receipt(keys, job)
             intake.written(job.bufs)
-            intake.refused += len(keys)
+            intake.refused(len(keys))
     intake.ripe = len(offers)
 
 

@@ -146,7 +146,7 @@ class KVStoreTier(SecondaryTierManager):
         self.pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
                                          tuning.header_align, cipher)
         self._lookup = ExistenceCheck(self._ctx)
-        self.intake.bind(self._ctx, self._store_batch)
+        self.intake.bind(self._ctx, self._store_batch, ledger.counters)
         logger.info("kvstore tier '%s' ready: %s, namespace %s, codec %s, chunk %d bytes x %d "
                     "rows, %d+%d I/O threads, locality %s", tier_type, self.backend.describe(),
                     self.namespace.describe(), self.codec_id.name.lower(), self._block_size_bytes,
@@ -234,7 +234,6 @@ class KVStoreTier(SecondaryTierManager):
                     results.append(self._ledger.expired(job))
             if self.load_trace is not None:
                 self.load_trace.picked(results)
-            self.metrics.counters.read_through_dropped = self.intake.not_cached
         except Exception:
             self._log.exception("kvstore tier %s: get_finished_jobs failed", self.tier_type)
         return results
