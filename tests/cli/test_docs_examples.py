@@ -161,6 +161,7 @@ COVERED_BY: list[tuple[str, str]] = [
     (r"kvstore-tiers bench .*--s3-bucket", "tests/tools/test_s3_bench_external.py"),
     (r"kvstore-tiers bench", "tests/tools/test_fs_bench_reload.py"),
     (r"tools\.bench\.admission_cost", "tests/tools/test_admission_cost.py"),
+    (r"tools\.bench\.read_through_cost", "tests/tools/test_read_through_cost.py"),
     (r"^bash scripts/bench-ab\.sh", "tests/tools/test_bench_compare.py"),
 ]
 _MISSING_EXTRA = re.compile(r"^Error: this command needs the Python package '\w+', which is "
