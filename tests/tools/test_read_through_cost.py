@@ -34,3 +34,12 @@ def test_the_arms_run_in_their_own_processes_and_report_ratios(tmp_path: Path) -
     assert (on["cached"], off["cached"]) == (4, 0)
     ratio = report["ratios"]["on/off"]["reused_load_s"][0]
     assert ratio == pytest.approx(on["reused_load_s"] / off["reused_load_s"])
+
+
+@pytest.mark.parametrize("arm", ["on", "=:on", "new=/src:maybe", "new=/src"])
+def test_a_malformed_arm_is_refused(arm: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from kvstore_tiers.tools.bench.read_through_cost import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--arm", arm])
+    assert exc.value.code == 2 and "NAME=CHECKOUT:on|off" in capsys.readouterr().err

@@ -112,6 +112,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for spec in args.arm or ["off=:off", "on=:on"]:
         name, _, rest = spec.partition("=")
         checkout, _, side = rest.rpartition(":")
+        if not name or side not in ("on", "off"):
+            p.error(f"--arm {spec!r}: expected NAME=CHECKOUT:on|off")
         arms[name] = (checkout or None, side == "on")
     from kvstore_tiers.tools.bench.trace import redis_for_trace
 
@@ -120,7 +122,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for i in range(args.pairs):
             for name in (list(arms) if i % 2 == 0 else list(arms)[::-1]):
                 client.flushall()
-                runs[name].append(_run_arm(*arms[name][:1], url, arms[name][1], args))
+                checkout, read_through = arms[name]
+                runs[name].append(_run_arm(checkout, url, read_through, args))
                 print(i + 1, name, json.dumps(runs[name][-1]), flush=True)
     base = next(iter(arms))
     report: dict[str, Any] = {"medians": {n: {f: float(np.median([r[f] for r in rs]))
