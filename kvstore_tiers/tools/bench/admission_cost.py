@@ -98,8 +98,10 @@ def run(directory: Path, rounds: int, chunk: int, in_flight: int, waves: int,
                      if v == v and b == b and b > 0]  # no calls (nan): no ratio
             if arm != "always" and len(pairs) == len(vals):
                 ratio, lo, hi = geomean_interval([v / b for v, b in pairs])
-                entry[q.replace("_us", "_ratio")] = [round(ratio, 3), round(lo, 3),
-                                                     round(hi, 3)]
+                # Three significant digits: a wide interval's low end (two
+                # rounds, t = 12.7) is small but never 0.
+                entry[q.replace("_us", "_ratio")] = [float(f"{x:.3g}")
+                                                     for x in (ratio, lo, hi)]
     return {"rounds": rounds, "chunk": chunk, "in_flight": in_flight, "waves": waves,
             "extra": extra, "sighted": sighted,
             "summary": summary, "raw": results}
