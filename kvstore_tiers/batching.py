@@ -26,20 +26,31 @@ if TYPE_CHECKING:
 
 @dataclass(slots=True)
 class StoreItem:
-    """One row to store: object ``name`` of block ``key`` from ``src``."""
+    """One row to store: object ``name`` of block ``key`` from ``src``.
+
+    ``crc``: the CRC-32C of ``src``, when the caller computed it over these very
+    bytes (a read-through fill); the frame then takes it instead of computing
+    it again."""
 
     name: str
     key: bytes
     src: memoryview
+    crc: int | None = None
 
 
 @dataclass(slots=True)
 class LoadItem:
-    """One row to load: object ``name`` of block ``key`` into ``dest``."""
+    """One row to load: object ``name`` of block ``key`` into ``dest``.
+
+    ``crc``: set by the backend once the row is verified, to what the frame
+    checks answer (:meth:`FrameReceiver.finish
+    <kvstore_tiers.frame.FrameReceiver.finish>`): the row's CRC-32C, or None
+    where the frame carries none (encrypted) or the backend does not say."""
 
     name: str
     key: bytes
     dest: memoryview
+    crc: int | None = None
 
 
 #: One item's result from ``store_many``/``load_many``: frame bytes moved
@@ -69,7 +80,7 @@ def store_many(backend: Backend, items: Sequence[StoreItem], codec: FrameCodec
     out: list[Result] = []
     for item in items:
         try:
-            header, payload = codec.encode(item.key, item.src)
+            header, payload = codec.encode(item.key, item.src, item.crc)
             written = backend.put(item.name, (header, payload))
             out.append(len(header) + len(payload) if written else 0)
         except Exception as exc:
@@ -90,7 +101,7 @@ def load_many(backend: Backend, items: Sequence[LoadItem], codec: FrameCodec
                 out.append(backend.read_into(item, codec))
             else:
                 frame = backend.get(item.name)
-                codec.decode_into(item.key, frame, item.dest)
+                item.crc = codec.decode_into(item.key, frame, item.dest).row_checksum
                 out.append(len(frame))
         except Exception as exc:
             out.append(classify(exc))
@@ -114,7 +125,7 @@ def encode_batch(
     encoded: list[tuple[int, bytearray, Buffer]] = []
     for i, item in enumerate(items):
         try:
-            header, payload = codec.encode(item.key, item.src)
+            header, payload = codec.encode(item.key, item.src, item.crc)
         except Exception as exc:
             out[i] = classify_error(exc)
             continue

@@ -130,8 +130,8 @@ class TierConfig(BaseModel):
     )
     read_through_max_bytes: int = Field(
         1 << 30, ge=1 << 20, le=1 << 40, description="read_through: bytes of loaded blocks "
-        "copied and waiting to be written here, with the copy buffers kept for reuse; past "
-        "it a loaded block is not cached (counted in read_through_dropped).",
+        "waiting to be written here; past it a loaded block is not cached (counted in "
+        "read_through_dropped). Nothing is held for them but a note of their primary rows.",
     )
     load_timeout_s: float | None = Field(
         None, gt=0, le=3600,

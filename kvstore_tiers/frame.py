@@ -19,9 +19,8 @@ Layout (little-endian), ``HEADER_FIXED`` = 64 bytes followed by the key::
       *     *  padding          zeros up to header_len
             *  payload          stored_len bytes
 
-``header_len`` is chosen by the writer: fs pads to a page (4096 bytes), so a
-raw payload reads with O_DIRECT straight into a page-aligned row; remote
-backends pad to 8.
+``header_len`` is the writer's: fs pads to a page, so a raw payload reads
+with O_DIRECT straight into a page-aligned row; remote backends pad to 8.
 
 Encrypted frames (flag bit 0, still format version 1): the payload is
 ``nonce || AES-GCM(compressed payload) || tag`` with the namespace, key,
@@ -32,10 +31,9 @@ reports an encrypted frame's ``codec`` as ``codec | CODEC_ENCRYPTED``, so
 backend fast paths that special-case ``CodecId.NONE`` (reading a raw payload
 straight into the row) never treat ciphertext as a row.
 
-A reader checks every field against what it expects (magic, version, codec,
-lengths, key, namespace) and the checksum of the decoded bytes; any mismatch
-is :class:`~kvstore_tiers.errors.ObjectCorrupt`, so wrong bytes are never
-declared loaded.
+A reader checks every field (magic, version, codec, lengths, key, namespace)
+and the decoded bytes' checksum; any mismatch is
+:class:`~kvstore_tiers.errors.ObjectCorrupt`: wrong bytes are never loaded.
 
 This module is the only one that reads or writes a frame. What the others call:
 
@@ -48,8 +46,7 @@ This module is the only one that reads or writes a frame. What the others call:
   verifies or decodes. ``decode_into`` is ``receive`` + ``finish``, so every
   load runs the same checks;
 * :func:`verify_frame` -- the load's checks for an operator's ``verify``;
-* :func:`created_ms` -- the writer's clock from the first
-  :data:`LISTING_READ` bytes alone (listings).
+* :func:`created_ms` -- the writer's clock from an object's first bytes.
 """
 
 from __future__ import annotations
@@ -97,11 +94,8 @@ def checksum(data: bytes | memoryview) -> int:
 
 
 class FrameHeader(NamedTuple):
-    """A parsed frame header.
-
-    A NamedTuple rather than a frozen dataclass: one is parsed per block
-    loaded, on an I/O thread holding the GIL, and it builds several times faster.
-    """
+    """A parsed frame header (a NamedTuple: one is parsed per block loaded,
+    holding the GIL, and it builds several times faster than a dataclass)."""
 
     codec: int
     header_len: int
@@ -116,6 +110,11 @@ class FrameHeader(NamedTuple):
     @property
     def encrypted(self) -> bool:
         return bool(self.flags & FLAG_ENCRYPTED)
+
+    @property
+    def row_checksum(self) -> int | None:
+        """The raw row's CRC-32C; None when encrypted (the tag authenticates)."""
+        return None if self.flags & FLAG_ENCRYPTED else self.checksum
 
     @property
     def total_len(self) -> int:
@@ -224,7 +223,10 @@ class FrameCodec:
         for any other payload such a checksum would be work for nothing."""
         return self.codec == CodecId.NONE and self.cipher is None
 
-    def encode(self, key: bytes, raw: memoryview) -> tuple[bytearray, bytes | memoryview]:
+    def encode(self, key: bytes, raw: memoryview, raw_checksum: int | None = None
+               ) -> tuple[bytearray, bytes | memoryview]:
+        """``raw`` into ``(header, payload)``; ``raw_checksum``: ``raw``'s CRC-32C
+        if the caller computed it over these very bytes."""
         codec, payload = self._codecs.encode(self.codec, raw)
         if self.cipher is not None:
             # Encrypt after compression; the GCM tag replaces the CRC.
@@ -236,7 +238,7 @@ class FrameCodec:
                 flags=FLAG_ENCRYPTED,
             )
             return header, payload
-        raw_sum = checksum(raw)
+        raw_sum = checksum(raw) if raw_checksum is None else raw_checksum
         header = pack_header(
             codec=codec, key=key, namespace=self.namespace, raw_len=len(raw),
             stored_len=len(payload), raw_checksum=raw_sum, align=self.header_align,
@@ -349,19 +351,18 @@ class FrameReceiver:
         #: True when the payload lands in ``dest`` as is (raw, unencrypted).
         self.direct = direct
 
-    def finish(self, dest_checksum: int | None = None) -> None:
-        """Verify (raw) or decode (compressed, encrypted) the received payload into the row.
+    def finish(self, dest_checksum: int | None = None) -> int | None:
+        """Verify (raw) or decode (compressed, encrypted) the received payload
+        into the row; returns the row's CRC-32C (:attr:`FrameHeader.row_checksum`).
+        Raises :class:`ObjectCorrupt` on any mismatch (``dest`` is then unusable).
 
-        ``dest_checksum``: the CRC-32C of the whole of ``dest`` as it now is,
-        computed by the reader in the same GIL-free call that filled it (raw
-        payloads only); it is compared with the header's in place of
-        computing it again. Raises :class:`ObjectCorrupt` on any mismatch;
-        ``dest`` must then not be used.
-        """
+        ``dest_checksum``: ``dest``'s CRC-32C as it now is, computed by the
+        reader in the GIL-free call that filled it (raw payloads only)."""
         if self.direct:
             self._codec.verify(self.header, self.dest, dest_checksum)
         else:
             self._codec.decode_payload_into(self.header, self.payload, self.dest)
+        return self.header.row_checksum
 
     def raw_payload_at(self, offset: int) -> bool:
         """True when the row is the object's bytes from ``offset`` on as they are

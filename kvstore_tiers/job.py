@@ -47,6 +47,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import TYPE_CHECKING, Any
 
 from vllm.v1.kv_offload.base import Locality, Medium
@@ -113,9 +114,9 @@ class TransferContext:
     #: The load trace (:mod:`kvstore_tiers.loadtrace`); None: off, and a load
     #: pays this one test for it.
     trace: LoadTrace | None = None
-    #: The caching tier's intake (:mod:`kvstore_tiers.readthrough`): copies of
-    #: each load batch's rows, offered when the job finishes; None: no tier
-    #: caches this one.
+    #: The caching tier's intake (:mod:`kvstore_tiers.readthrough`): the blocks
+    #: each load batch put in primary rows, offered when the job finishes;
+    #: None: no tier caches this one.
     fill: Intake | None = None
     #: The backend's batch calls, chosen once (:func:`kvstore_tiers.batching.batch_calls`).
     store_many: Callable[[Sequence[StoreItem], FrameCodec], list[Result]] = field(init=False)
@@ -139,22 +140,19 @@ class Job(PoolJob):
     the thread that finishes the job condenses them into ``summary``, so the
     scheduler thread applies a finished job with a few bulk operations.
 
-    Store admission (``ctx.admit``) is decided before the job moves a
-    block, off the scheduler thread: :meth:`start`, which the pool calls
-    exactly once before any slot runs, asks the policy and narrows the job
-    to the keys it admits (:meth:`PoolJob.narrow`); the others go to
-    ``declined``, neither stored nor failed, and leave the presence index
-    when the job is reported. Their rows stay pinned until then, as any
-    store's. A job started only to be cancelled asks nothing.
+    Store admission (``ctx.admit``) is decided off the scheduler thread
+    before the job moves a block: :meth:`start` (once, before any slot runs)
+    asks the policy and narrows the job to the keys it admits; the others go
+    to ``declined``, neither stored nor failed, and leave the presence index
+    when the job is reported (their rows pinned until then, as any store's).
 
     Built on vLLM's scheduler thread, so it allocates as little as it can
-    there (see :class:`~kvstore_tiers.pool.PoolJob`): ``keys`` is vLLM's own
-    key list (vLLM reads it again when the job completes, so nobody mutates
-    it meanwhile), ``ctx`` is shared by every job of the tier, the per-slot
-    lists are made by :meth:`start` on an I/O thread, and a store job is its
-    own presence-index receipt (``done``). Only a load with a deadline gets
-    its ``lock`` and ``landed`` at once: the scheduler may expire it before
-    any I/O thread took it.
+    there (:class:`~kvstore_tiers.pool.PoolJob`): ``keys`` is vLLM's own list
+    (vLLM reads it again at completion: nobody mutates it), ``ctx`` is the
+    tier's, the per-slot lists are made by :meth:`start` on an I/O thread,
+    and a store job is its own presence-index receipt (``done``). Only a
+    load with a deadline gets its ``lock`` and ``landed`` at once: the
+    scheduler may expire it before any I/O thread took it.
     """
 
     __slots__ = ("cids", "ctx", "deadline", "declined", "done", "expired", "fills", "is_load",
@@ -187,7 +185,7 @@ class Job(PoolJob):
         self.done = False
         #: Stores: the keys the admission policy did not admit (set by start()).
         self.declined: list[bytes] | tuple[()] = ()
-        #: Loads of a cached tier: copies of the rows loaded, for read-through.
+        #: Loads of a cached tier: the blocks loaded, for read-through.
         self.fills: list[Part] | tuple[()] = ()
 
     def start(self, runs: bool) -> None:
@@ -264,7 +262,7 @@ class Job(PoolJob):
         # in its cache, made up much of a job's completion cost. (``landed``
         # stays: an expiring load reads it under ``lock``.)
         self.outcomes, self.stored_bytes, self.cids = (), (), ()
-        if self.fills:  # read-through: the load is done, its copies may be written
+        if self.fills:  # read-through: the load is done, its blocks may be written
             self.ctx.fill.offer(self.fills)  # type: ignore[union-attr]
         trace = self.ctx.trace
         if trace is not None and self.is_load:
@@ -298,11 +296,13 @@ class TouchJob(PoolJob):
 
 
 # -- on an I/O thread ------------------------------------------------------------------
-def run_slots(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
-    """Move slots ``[start, stop)`` of ``job`` through its backend; record outcomes."""
+def run_slots(job: Job, codec: FrameCodec, start: int, stop: int,
+              only: tuple[list[int], list[int]] | None = None) -> None:
+    """Move slots ``[start, stop)`` of ``job`` through its backend; record outcomes
+    (stores: ``only`` these of them, with their rows' CRC-32C, if given)."""
     try:
         if not job.is_load:
-            _store(job, codec, start, stop)
+            _store(job, codec, *(only or (range(start, stop), None)))
         elif job.ctx.trace is None:
             _load(job, codec, start, stop, job.ctx.load_many)
         else:
@@ -315,12 +315,12 @@ def run_slots(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
             job.outcomes[s] = err
 
 
-def _store(job: Job, codec: FrameCodec, start: int, stop: int) -> None:
+def _store(job: Job, codec: FrameCodec, slots: Sequence[int], crcs: list[int] | None) -> None:
     ctx = job.ctx
     name_of, rows = ctx.object_name, ctx.rows
     keys, cids, outcomes = job.keys, job.cids, job.outcomes
-    slots = range(start, stop)
-    items = [StoreItem(name_of(keys[s]), keys[s], rows[cids[s]]) for s in slots]
+    items = [StoreItem(name_of(keys[s]), keys[s], rows[cids[s]], crc)
+             for s, crc in zip(slots, crcs or repeat(None), strict=False)]
     for s, res in zip(slots, ctx.store_many(items, codec), strict=True):
         if isinstance(res, BaseException):
             outcomes[s] = detached(res)
@@ -359,8 +359,8 @@ def _load(job: Job, codec: FrameCodec, start: int, stop: int, load_many: LoadMan
         job.stored_bytes[s] = res
         if deadlined:
             _land(job, s, item.dest)
-    if ctx.fill is not None:  # read-through: copy the verified rows while hot
-        ctx.fill.copy_loaded(job.fills, items, results)  # type: ignore[arg-type]
+    if ctx.fill is not None:  # read-through: note the blocks now in their rows
+        ctx.fill.loaded(job.fills, items, job.outcomes[start:stop], job.cids[start:stop])
 
 
 def _land(job: Job, slot: int, scratch: memoryview) -> None:

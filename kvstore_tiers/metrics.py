@@ -42,7 +42,8 @@ COUNTERS: dict[str, str] = {
     "read_through_stored": "Objects written here by read-through: blocks promoted from a "
                            "tier listed after this one (also in objects_stored).",
     "read_through_dropped": "Blocks promoted from a later tier and not cached here: the "
-                            "copies waiting held read_through_max_bytes, or the queue was full.",
+                            "blocks waiting held read_through_max_bytes, the queue was full, "
+                            "or vLLM reused the row before the fill read it.",
 }
 GAUGES: dict[str, str] = {
     "healthy": "1 while the backend is healthy (circuit closed), 0 otherwise.",

@@ -9,15 +9,16 @@ time the block falls out of its CPU tier. A tier configured with
 ``secondary_tiers``:
 
 1. A later tier's I/O thread, right after a batch of a load verified and
-   landed (``job._load``), copies its rows while they are hot in the CPU cache
-   (:meth:`Intake.copy`: the primary row may be reused once vLLM has the
-   load), unless the copies waiting already hold ``read_through_max_bytes``
-   (then the blocks are not cached, and counted). The copy is the only work a
-   load does for this. The thread that finishes the load job hands its copies
-   to the caching tier (:meth:`Intake.offer`), so no write of them starts
-   before the whole load is done.
+   landed (``job._load``), notes each block's key, primary row and the row's
+   CRC-32C as the frame checks answered it (:meth:`Intake.loaded`; an
+   encrypted frame has no CRC, so its row's is computed there), unless the
+   blocks waiting already come to ``read_through_max_bytes`` (then they are
+   not cached, and counted). That note is all a load does for this: no copy.
+   The thread that finishes the load job hands its notes to the caching tier
+   (:meth:`Intake.offer`), so no write of them starts before the whole load
+   is done.
 2. That thread also builds the :class:`FillJob`: a store job of the caching
-   tier over the copies. The caching tier's scheduler thread queues it on
+   tier over those rows. The caching tier's scheduler thread queues it on
    its I/O pool like any store (:func:`fill_jobs`), one poll after it was
    offered (by then vLLM has been told of the load, so the write does not
    compete with the load's last step), without the keys its presence index
@@ -25,6 +26,13 @@ time the block falls out of its CPU tier. A tier configured with
    checksum, its admission policy, its capacity control, its presence index
    (the keys answer HIT once written) and its counters
    (``read_through_stored``). vLLM never hears of a fill.
+3. vLLM owns the primary rows: once it has the load it may reuse a row for
+   another block at any time. So the fill's I/O thread first copies each
+   row into a buffer of its own (a snapshot no one else writes) and writes
+   the block only if the snapshot's CRC-32C equals the one its load verified;
+   a row reused meanwhile fails that check and the block is not cached
+   (counted in ``read_through_dropped``). The frame takes that CRC, so the
+   object carries exactly the bytes the load verified.
 
 A block is therefore written at most once per caching tier by this process
 (the presence index skips the keys it holds or has in flight; a backend's
@@ -38,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import mmap
 import threading
 import time
 import weakref
@@ -45,10 +54,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from kvstore_tiers.batching import LoadItem, Result
-from kvstore_tiers.job import Job, PrimaryRows, TransferContext
+from kvstore_tiers.batching import LoadItem
+from kvstore_tiers.frame import FrameCodec, checksum
+from kvstore_tiers.job import Job, PrimaryRows, TransferContext, run_slots
 from kvstore_tiers.metrics import TierCounters
 
 if TYPE_CHECKING:
@@ -58,20 +66,19 @@ if TYPE_CHECKING:
 _intakes: weakref.WeakKeyDictionary[Any, Intake] = weakref.WeakKeyDictionary()
 
 
-#: One load batch's copies: (keys, one row buffer each).
-Part = tuple[list[bytes], list[np.ndarray]]
+#: One load batch's blocks to cache: (keys, their primary rows, their rows' CRC-32C).
+Part = tuple[list[bytes], list[int], list[int]]
 
 
 class Intake:
-    """The caching tier's queue of rows copied from other tiers' loads.
+    """The caching tier's queue of blocks that other tiers' loads put in primary rows.
 
-    :meth:`copy` and :meth:`offer` run on I/O threads of later tiers;
+    :meth:`loaded` and :meth:`offer` run on I/O threads of later tiers;
     ``offers`` (fill jobs ready to queue) is emptied by the caching tier's
-    scheduler thread, which alone reads and writes ``ripe``;
-    :meth:`written` is called by the caching tier's I/O thread that finishes a
-    fill. The lock guards the byte count, the kept buffers and the caching
-    tier's ``read_through_dropped`` counter (the scheduler thread takes it only
-    to count a fill its pool refused).
+    scheduler thread, which alone reads and writes ``ripe``; the caching
+    tier's I/O threads take and give back snapshot buffers and call
+    :meth:`done` when a fill finishes. The lock guards the byte count, the
+    kept buffers and the caching tier's ``read_through_dropped`` counter.
     """
 
     def __init__(self, label: str, row_bytes: int, max_bytes: int) -> None:
@@ -83,13 +90,13 @@ class Intake:
         self._ctx: TransferContext | None = None  # the caching tier's (bind)
         self._batch = 1
         self._lock = threading.Lock()
-        self._pending = 0  # bytes of copies made and not yet written or dropped
-        # Row buffers of copies no longer needed, reused by later copies: a
-        # fresh buffer's pages are faulted in and zeroed by the kernel during
-        # the copy, which would slow the load it is made from. In use plus
-        # kept never exceed max_bytes (a buffer is made only when none is kept).
-        self._free: list[np.ndarray] = []
-        #: Where blocks not cached for want of room are counted (bind).
+        self._pending = 0  # bytes of blocks offered and not yet written or dropped
+        # Snapshot buffers of fills, kept for the next: a fresh buffer's pages
+        # are faulted in and zeroed by the kernel on first use. Page-aligned
+        # (anonymous mmap), so the fs tier writes them with O_DIRECT as it
+        # writes primary rows; at most one per row a fill thread holds at once.
+        self._free: list[mmap.mmap] = []
+        #: Where blocks not cached are counted (bind).
         self._counters = TierCounters()
         self.closed = False  # the caching tier shut down: nothing more is taken
 
@@ -100,114 +107,158 @@ class Intake:
 
     @property
     def pending_bytes(self) -> int:
-        """Bytes of copies offered and not yet written or dropped (0: no fill waiting
+        """Bytes of blocks offered and not yet written or dropped (0: no fill waiting
         or running; a fill is no vLLM job, so the manager's pending work omits it)."""
         return self._pending
 
-    def copy(self, keys: list[bytes], rows: Sequence[memoryview]) -> Part | None:
-        """Copies of ``rows`` (verified, just landed) for a fill of ``keys``; None
-        past ``max_bytes`` (the blocks are counted in ``read_through_dropped``) or
-        once closed."""
+    def take(self, keys: list[bytes], cids: list[int], crcs: list[int]) -> Part | None:
+        """A part of ``keys`` (in primary rows ``cids``, whose CRC-32C are
+        ``crcs``) to cache; None past ``max_bytes`` (the blocks are counted in
+        ``read_through_dropped``) or once closed."""
         n = len(keys)
-        nbytes = n * self.row_bytes
         with self._lock:
             if self.closed:
                 return None
-            if self._pending + nbytes > self.max_bytes:
+            if self._pending + n * self.row_bytes > self.max_bytes:
                 self._counters.read_through_dropped += n
                 return None
-            self._pending += nbytes
-            free = self._free
-            bufs = free[len(free) - min(n, len(free)):]
-            del free[len(free) - len(bufs):]
-        bufs += [np.empty(self.row_bytes, np.uint8) for _ in range(n - len(bufs))]
-        for buf, row in zip(bufs, rows, strict=True):
-            np.copyto(buf, np.frombuffer(row, np.uint8))
-        return keys, bufs
+            self._pending += n * self.row_bytes
+        return keys, cids, crcs
 
-    def copy_loaded(self, parts: list[Part], items: Sequence[LoadItem],
-                    results: Sequence[Result]) -> None:
-        """A load batch landed (I/O thread): append to ``parts`` the copies of
-        its verified rows. Best effort, never raises: a block not cached is
-        only read again from the tier that has it."""
-        ok = [item for item, res in zip(items, results, strict=True)
-              if not isinstance(res, BaseException)]
+    def loaded(self, parts: list[Part], items: Sequence[LoadItem], outcomes: Sequence[Any],
+               cids: Sequence[int]) -> None:
+        """A load batch landed (I/O thread): append to ``parts`` its blocks that
+        are in their primary rows (``outcomes`` None). Best effort, never
+        raises: a block not cached is only read again from the tier that has it."""
+        ok = [i for i, res in enumerate(outcomes) if res is None]
         if ok:
             with contextlib.suppress(Exception):
-                part = self.copy([item.key for item in ok], [item.dest for item in ok])
+                crcs = [checksum(items[i].dest) if items[i].crc is None else items[i].crc
+                        for i in ok]
+                part = self.take([items[i].key for i in ok], [cids[i] for i in ok], crcs)
                 if part is not None:
                     parts.append(part)
 
     def offer(self, parts: list[Part]) -> None:
-        """A load job finished (its last I/O thread): a fill job of its copies."""
-        bufs = [b for p in parts for b in p[1]]
-        if self.closed or self._ctx is None:
-            self.written(bufs)
-            return
+        """A load job finished (its last I/O thread): a fill job of its blocks."""
         keys = [k for p in parts for k in p[0]]
-        self.offers.append(FillJob(self._ctx, self, keys, bufs, self._batch))
+        if self.closed or self._ctx is None:
+            self.done(len(keys))
+            return
+        cids = [c for p in parts for c in p[1]]
+        crcs = [c for p in parts for c in p[2]]
+        self.offers.append(FillJob(self._ctx, self, keys, cids, crcs, self._batch))
 
-    def written(self, bufs: list[np.ndarray]) -> None:
-        """The copies ``bufs`` are no longer needed: kept for reuse."""
+    def done(self, n: int) -> None:
+        """``n`` blocks offered are written or dropped."""
         with self._lock:
-            self._pending -= len(bufs) * self.row_bytes
-            if not self.closed:
-                self._free += bufs
+            self._pending -= n * self.row_bytes
 
-    def refused(self, n: int) -> None:
-        """The caching tier's pool refused a fill of ``n`` blocks (scheduler thread)."""
+    def dropped(self, n: int) -> None:
+        """``n`` blocks offered are not cached (a reused row, a full pool queue)."""
         with self._lock:
             self._counters.read_through_dropped += n
 
+    def buffers(self, n: int) -> list[mmap.mmap]:
+        """``n`` snapshot buffers of a row each (kept ones first)."""
+        with self._lock:
+            free = self._free
+            bufs = free[len(free) - min(n, len(free)):]
+            del free[len(free) - len(bufs):]
+        return bufs + [mmap.mmap(-1, self.row_bytes) for _ in range(n - len(bufs))]
+
+    def give_back(self, bufs: list[mmap.mmap]) -> None:
+        """Snapshot buffers no longer used: kept for the next fill."""
+        with self._lock:
+            if not self.closed:
+                self._free += bufs
+
     def close(self) -> None:
-        """Nothing more is taken; the kept buffers are freed."""
+        """Nothing more is taken; the kept buffers are dropped."""
         with self._lock:
             self.closed = True
             self._free = []
 
 
-class Copies(PrimaryRows):
-    """A fill's rows: views of the copies, in place of vLLM's primary rows."""
+class Snapshots(PrimaryRows):
+    """A fill's rows: its snapshots, by position in the fill (None: not taken)."""
 
     __slots__ = ("views",)
 
-    def __init__(self, views: list[memoryview], row_bytes: int) -> None:
-        self.views, self.count, self.row_bytes, self._flat = views, len(views), row_bytes, None
+    def __init__(self, n: int, row_bytes: int) -> None:
+        self.views: list[memoryview | None] = [None] * n
+        self.count, self.row_bytes, self._flat = n, row_bytes, None
 
     def __getitem__(self, chunk_id: int) -> memoryview:
-        return self.views[chunk_id]
+        view = self.views[chunk_id]
+        assert view is not None
+        return view
 
     def release(self) -> None:
         self.views = []
 
 
 class FillJob(Job):
-    """A store job of the caching tier whose rows are copies of other tiers' loads."""
+    """A store job of the caching tier over primary rows other tiers' loads filled.
 
-    __slots__ = ("bufs", "intake")
+    Slot ``s`` is the block at position ``cids[s]`` of the fill: primary row
+    ``rows_of[cids[s]]``, verified with CRC-32C ``crcs[cids[s]]`` (positions
+    survive the narrowing of :meth:`keep` and of admission)."""
+
+    __slots__ = ("crcs", "intake", "n_offered", "primary", "reused", "rows_of")
 
     def __init__(self, ctx: TransferContext, intake: Intake, keys: list[bytes],
-                 bufs: list[np.ndarray], batch: int) -> None:
-        rows = Copies([memoryview(b) for b in bufs], intake.row_bytes)
-        super().__init__(dataclasses.replace(ctx, rows=rows), -1, is_load=False, req_id="",
-                         keys=keys, cids=list(range(len(keys))), submit_time=time.monotonic(),
-                         deadline=None, batch=batch)
-        self.intake = intake
-        self.bufs = bufs  # all of them, also those keep() leaves out: returned at the end
+                 cids: list[int], crcs: list[int], batch: int) -> None:
+        n = len(keys)
+        super().__init__(dataclasses.replace(ctx, rows=Snapshots(n, intake.row_bytes)), -1,
+                         is_load=False, req_id="", keys=keys, cids=list(range(n)),
+                         submit_time=time.monotonic(), deadline=None, batch=batch)
+        self.intake, self.primary, self.rows_of, self.crcs = intake, ctx.rows, cids, crcs
+        self.n_offered = n
+        self.reused: list[int] = []  # slots whose row no longer held the block loaded
 
     def keep(self, keys: list[bytes]) -> None:
         """Before it is queued: write only ``keys`` (the others are held already)."""
-        rows = self.ctx.rows
-        assert isinstance(rows, Copies)
-        slot = {k: i for i, k in enumerate(self.keys)}
-        rows.views = [rows.views[slot[k]] for k in keys]
-        self.keys, self.cids = keys, list(range(len(keys)))
+        pos = {k: i for i, k in enumerate(self.keys)}
+        self.keys, self.cids = keys, [pos[k] for k in keys]
         self.narrow(len(keys))
 
+    def run(self, codec: FrameCodec, start: int, stop: int) -> None:
+        if start == stop:
+            return
+        snaps = self.ctx.rows
+        assert isinstance(snaps, Snapshots)
+        bufs = self.intake.buffers(stop - start)
+        taken, crcs = [], []
+        try:
+            for s, buf in zip(range(start, stop), bufs, strict=True):
+                pos = self.cids[s]
+                view = memoryview(buf)
+                view[:] = self.primary[self.rows_of[pos]]
+                if checksum(view) == self.crcs[pos]:
+                    snaps.views[pos] = view
+                    taken.append(s)
+                    crcs.append(self.crcs[pos])
+                else:
+                    self.reused.append(s)
+            run_slots(self, codec, start, stop, (taken, crcs))
+        finally:
+            for s in range(start, stop):
+                snaps.views[self.cids[s]] = None
+            self.intake.give_back(bufs)
+
     def finish(self) -> None:
+        if self.reused:  # neither stored nor failed: they leave the presence index
+            gone = set(self.reused)
+            kept = [s for s in range(len(self.keys)) if s not in gone]
+            self.declined = [*self.declined, *(self.keys[s] for s in sorted(gone))]
+            self.keys = [self.keys[s] for s in kept]
+            self.outcomes = [self.outcomes[s] for s in kept]
+            self.stored_bytes = [self.stored_bytes[s] for s in kept]
+            self.intake.dropped(len(gone))
         super().finish()
         self.ctx.rows.release()
-        self.intake.written(self.bufs)
+        self.intake.done(self.n_offered)
 
 
 def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
@@ -222,14 +273,14 @@ def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
         if presence.holds_any(keys):
             keys = [k for k in keys if k not in presence]
             if not keys:
-                intake.written(job.bufs)
+                intake.done(job.n_offered)
                 continue
             job.keep(keys)
         presence.update(keys, job)
         if not pool.submit(job, is_load=False):
             presence.discard_receipt(keys, job)
-            intake.written(job.bufs)
-            intake.refused(len(keys))
+            intake.done(job.n_offered)
+            intake.dropped(len(keys))
     intake.ripe = len(offers)
 
 

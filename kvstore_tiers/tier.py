@@ -244,7 +244,7 @@ class KVStoreTier(SecondaryTierManager):
             self._ledger.events = []
         return events or ()
 
-    def has_pending_work(self) -> bool:  # read-through copies to write: no vLLM job waits
+    def has_pending_work(self) -> bool:  # read-through fills to write: no vLLM job waits
         return self.intake.pending_bytes > 0 or bool(self.pool.finished)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:

@@ -19,13 +19,14 @@ from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.errors import ConfigError
+from kvstore_tiers.frame import checksum
 
 from ..conftest import rows_like
 from ..faults.common import corrupt
 
 ROW = 64 << 10
 N = 8
-HIT = LookupResult.HIT
+HIT, MISS = LookupResult.HIT, LookupResult.MISS
 
 
 @pytest.fixture(params=["redis", "s3"])
@@ -59,9 +60,12 @@ def promote(h: Any, keys: list[bytes]) -> np.ndarray:
     return rows
 
 
-def offer(tier: Any, keys: list[bytes], rows: np.ndarray) -> None:
-    """Offer ``rows`` to ``tier``'s intake as a load of a later tier does."""
-    part = tier.intake.copy(keys, [memoryview(r) for r in rows])
+def offer(h: Any, tier: Any, keys: list[bytes], rows: np.ndarray) -> None:
+    """Offer ``rows`` to ``tier``'s intake as a load of a later tier does: they
+    are put in the first primary rows and noted with their CRC-32C."""
+    cids = list(range(len(keys)))
+    h.view[cids] = rows
+    part = tier.intake.take(list(keys), cids, [checksum(memoryview(r)) for r in rows])
     if part is not None:
         tier.intake.offer([part])
 
@@ -132,7 +136,7 @@ def test_a_block_is_written_once_and_a_corrupt_one_never(
     assert far.counters.corrupt_objects == 1 and objects(tmp_path / "b") == 3
 
     # The same blocks offered again (as by a second load from the remote) are not rewritten.
-    offer(local, keys[:3], rows[:3])
+    offer(b, local, keys[:3], rows[:3])
     b.step()
     step_until(b, lambda: not local.intake.offers)
     assert local.counters.objects_stored == 3 and local.counters.read_through_stored == 3
@@ -144,8 +148,8 @@ def test_copies_waiting_are_bounded(harness_factory: Any, tmp_path: Path) -> Non
                          fs(tmp_path / "far")], num_chunks=16, chunk_bytes=row)
     local = b.tiers[0]
     keys, rows = make_keys(3, seed=9), rows_like(3, row, seed=9)
-    offer(local, keys, rows)  # three rows do not fit
-    offer(local, keys[:2], rows[:2])
+    offer(b, local, keys, rows)  # three rows do not fit
+    offer(b, local, keys[:2], rows[:2])
     step_until(b, lambda: local.counters.read_through_stored == 2)
     assert local.counters.read_through_dropped == 3 and objects(tmp_path / "b") == 2
 
@@ -167,28 +171,48 @@ def test_the_tier_has_pending_work_until_its_fills_are_written(
     local = b.tiers[0]
     keys, rows = make_keys(4, seed=11), rows_like(4, ROW, seed=11)
     assert not b.manager.has_pending_work()
-    offer(local, keys, rows)
+    offer(b, local, keys, rows)
     assert b.manager.has_pending_work()
     b.settle()  # steps while the manager has pending work
     assert local.counters.read_through_stored == 4 and objects(tmp_path / "b") == 4
     assert not b.manager.has_pending_work()
 
 
-def test_copy_buffers_are_reused(harness_factory: Any, tmp_path: Path) -> None:
-    """A written fill's buffers take the next copies (their pages are faulted in
-    already), and a copy still holds the bytes it was made from."""
+def test_a_row_reused_before_the_fill_reads_it_is_not_cached(
+    harness_factory: Any, tmp_path: Path
+) -> None:
+    """vLLM may reuse a primary row once it has the load: the fill writes a block
+    only if its snapshot of the row still has the CRC the load verified."""
     b = harness_factory([fs(tmp_path / "b", read_through=True), fs(tmp_path / "far")],
                         num_chunks=16, chunk_bytes=ROW)
-    intake = b.tiers[0].intake
-    keys, rows = make_keys(6, seed=12), rows_like(6, ROW, seed=12)
-    first = intake.copy(keys[:3], [memoryview(r) for r in rows[:3]])
-    assert first is not None
-    intake.offer([first])
+    local = b.tiers[0]
+    keys, rows = make_keys(4, seed=13), rows_like(4, ROW, seed=13)
+    offer(b, local, keys, rows)
+    b.view[2] = rows_like(1, ROW, seed=14)[0]  # row 2 now holds another block
     b.settle()
-    part = intake.copy(keys[3:], [memoryview(r) for r in rows[3:]])
-    assert part is not None
-    assert {id(buf) for buf in part[1]} == {id(buf) for buf in first[1]}
-    assert all(np.array_equal(buf, row) for buf, row in zip(part[1], rows[3:], strict=True))
-    intake.offer([part])
+    assert local.counters.read_through_stored == 3 and local.counters.read_through_dropped == 1
+    assert objects(tmp_path / "b") == 3
+
+    b.forget_primary()
+    ctx = b.new_request()
+    results, _ = b.lookup_until_resolved(keys, ctx, max_steps=5000)
+    assert results == [HIT, HIT, MISS, HIT]
+    assert np.array_equal(b.load([keys[i] for i in (0, 1, 3)], ctx), rows[[0, 1, 3]])
     b.settle()
-    assert b.tiers[0].counters.read_through_stored == 6
+    b.finish_request(ctx)
+
+
+def test_snapshot_buffers_are_reused(harness_factory: Any, tmp_path: Path) -> None:
+    """A fill takes the buffers a finished one gave back (their pages are faulted
+    in already) and gives them back in turn."""
+    b = harness_factory([fs(tmp_path / "b", read_through=True), fs(tmp_path / "far")],
+                        num_chunks=16, chunk_bytes=ROW)
+    local = b.tiers[0]
+    intake = local.intake
+    kept = intake.buffers(3)
+    intake.give_back(kept)
+    keys, rows = make_keys(3, seed=12), rows_like(3, ROW, seed=12)
+    offer(b, local, keys, rows)
+    b.settle()
+    assert local.counters.read_through_stored == 3
+    assert {id(buf) for buf in intake.buffers(3)} == {id(buf) for buf in kept}

@@ -349,7 +349,7 @@ class FileSystemBackend(Backend):
             # Not a raw payload the vectored read put in place (compressed,
             # encrypted, another header length, a short read): read the rest.
             self._pread_into(path, rx.remaining, rx.offset)
-        rx.finish(crc[0] if in_place and crc else None)
+        item.crc = rx.finish(crc[0] if in_place and crc else None)
         self._mark_used(path)
         return size
 

@@ -367,7 +367,7 @@ class RedisBackend(Backend):
                 out.append(ObjectMissing(keys[i]))
             else:
                 try:
-                    codec.decode_into(item.key, value, item.dest)
+                    item.crc = codec.decode_into(item.key, value, item.dest).row_checksum
                     out.append(len(value))
                 except Exception as exc:
                     out.append(detached(classify_redis(exc)))

@@ -328,7 +328,7 @@ class FastIO:
             r.readinto(frame.remaining)
             consumed = n
             try:
-                frame.finish()
+                item.crc = frame.finish()
             except ObjectCorrupt as exc:
                 return detached(exc)
             return n

@@ -393,7 +393,7 @@ class S3Backend(Backend):
                 out[i] = classify(err)
                 continue
             try:
-                codec.decode_into(item.key, frame, item.dest)
+                item.crc = codec.decode_into(item.key, frame, item.dest).row_checksum
                 out[i] = len(frame)
             except Exception as exc:
                 out[i] = classify(exc)
