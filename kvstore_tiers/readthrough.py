@@ -9,9 +9,10 @@ time the block falls out of its CPU tier. A tier configured with
 ``secondary_tiers``:
 
 1. A later tier's I/O thread, right after a batch of a load verified and
-   landed (``job._load``), notes each block's key, primary row and the row's
-   CRC-32C as the frame checks answered it (:meth:`Intake.loaded`; an
-   encrypted frame has no CRC, so its row's is computed there), unless the
+   landed (``job._load``), notes each block's key, primary row and
+   :func:`mark`: the row's CRC-32C as the frame checks answered it (an
+   encrypted frame has none, so it is computed there) and 128 bytes spread
+   over the row (:meth:`Intake.loaded`), unless the
    blocks waiting already come to ``read_through_max_bytes`` (then they are
    not cached, and counted). That note is all a load does for this: no copy.
    The thread that finishes the load job hands its notes to the caching tier
@@ -29,10 +30,12 @@ time the block falls out of its CPU tier. A tier configured with
 3. vLLM owns the primary rows: once it has the load it may reuse a row for
    another block at any time. So the fill's I/O thread first copies each
    row into a buffer of its own (a snapshot no one else writes) and writes
-   the block only if the snapshot's CRC-32C equals the one its load verified;
-   a row reused meanwhile fails that check and the block is not cached
-   (counted in ``read_through_dropped``). The frame takes that CRC, so the
-   object carries exactly the bytes the load verified.
+   the block only if the snapshot's mark equals the one its load noted: a
+   row reused meanwhile would have to match both the verified CRC-32C and
+   the bytes sampled to pass. A block that fails is not cached (counted in
+   ``read_through_dropped``). The frame takes the verified CRC. A drain
+   (``reset_cache``, sleep) of the caching tier or of a tier it caches drops
+   the blocks loaded before it, whose rows vLLM frees.
 
 A block is therefore written at most once per caching tier by this process
 (the presence index skips the keys it holds or has in flight; a backend's
@@ -66,8 +69,17 @@ if TYPE_CHECKING:
 _intakes: weakref.WeakKeyDictionary[Any, Intake] = weakref.WeakKeyDictionary()
 
 
-#: One load batch's blocks to cache: (keys, their primary rows, their rows' CRC-32C).
-Part = tuple[list[bytes], list[int], list[int]]
+#: What a fill compares a row with: its CRC-32C and bytes sampled over it (:func:`mark`).
+Mark = tuple[int, bytes]
+#: One load batch's blocks to cache: (keys, their primary rows, their rows' marks).
+Part = tuple[list[bytes], list[int], list[Mark]]
+_SAMPLED = 128  # bytes of a row in its mark
+
+
+def mark(row: memoryview, crc: int | None = None) -> Mark:
+    """``row``'s mark: its CRC-32C (``crc`` when the frame checks just verified
+    it) and :data:`_SAMPLED` bytes spread evenly over it."""
+    return (checksum(row) if crc is None else crc), bytes(row[:: max(1, len(row) // _SAMPLED)])
 
 
 class Intake:
@@ -99,6 +111,8 @@ class Intake:
         #: Where blocks not cached are counted (bind).
         self._counters = TierCounters()
         self.closed = False  # the caching tier shut down: nothing more is taken
+        #: Bumped by :meth:`drain`; a fill offered before it is dropped.
+        self.generation = 0
 
     def bind(self, ctx: TransferContext, batch: int, counters: TierCounters) -> None:
         """The caching tier's transfer context and store batch, for its fills, and
@@ -111,9 +125,9 @@ class Intake:
         or running; a fill is no vLLM job, so the manager's pending work omits it)."""
         return self._pending
 
-    def take(self, keys: list[bytes], cids: list[int], crcs: list[int]) -> Part | None:
-        """A part of ``keys`` (in primary rows ``cids``, whose CRC-32C are
-        ``crcs``) to cache; None past ``max_bytes`` (the blocks are counted in
+    def take(self, keys: list[bytes], cids: list[int], marks: list[Mark]) -> Part | None:
+        """A part of ``keys`` (in primary rows ``cids``, with ``marks``) to
+        cache; None past ``max_bytes`` (the blocks are counted in
         ``read_through_dropped``) or once closed."""
         n = len(keys)
         with self._lock:
@@ -123,7 +137,7 @@ class Intake:
                 self._counters.read_through_dropped += n
                 return None
             self._pending += n * self.row_bytes
-        return keys, cids, crcs
+        return keys, cids, marks
 
     def loaded(self, parts: list[Part], items: Sequence[LoadItem], outcomes: Sequence[Any],
                cids: Sequence[int]) -> None:
@@ -133,9 +147,8 @@ class Intake:
         ok = [i for i, res in enumerate(outcomes) if res is None]
         if ok:
             with contextlib.suppress(Exception):
-                crcs = [checksum(items[i].dest) if items[i].crc is None else items[i].crc
-                        for i in ok]
-                part = self.take([items[i].key for i in ok], [cids[i] for i in ok], crcs)
+                marks = [mark(items[i].dest, items[i].crc) for i in ok]
+                part = self.take([items[i].key for i in ok], [cids[i] for i in ok], marks)
                 if part is not None:
                     parts.append(part)
 
@@ -146,8 +159,8 @@ class Intake:
             self.done(len(keys))
             return
         cids = [c for p in parts for c in p[1]]
-        crcs = [c for p in parts for c in p[2]]
-        self.offers.append(FillJob(self._ctx, self, keys, cids, crcs, self._batch))
+        marks = [m for p in parts for m in p[2]]
+        self.offers.append(FillJob(self._ctx, self, keys, cids, marks, self._batch))
 
     def done(self, n: int) -> None:
         """``n`` blocks offered are written or dropped."""
@@ -158,6 +171,19 @@ class Intake:
         """``n`` blocks offered are not cached (a reused row, a full pool queue)."""
         with self._lock:
             self._counters.read_through_dropped += n
+
+    def drain(self) -> None:
+        """A tier of the manager drained (scheduler thread, after its running
+        jobs finished): vLLM may free the rows of what was loaded before, so
+        the fills offered so far are dropped, now or when :func:`fill_jobs`
+        meets them."""
+        self.generation += 1
+        offers = self.offers
+        while offers:
+            job = offers.popleft()
+            self.done(job.n_offered)
+            self.dropped(len(job.keys))
+        self.ripe = 0
 
     def buffers(self, n: int) -> list[mmap.mmap]:
         """``n`` snapshot buffers of a row each (kept ones first)."""
@@ -202,19 +228,19 @@ class FillJob(Job):
     """A store job of the caching tier over primary rows other tiers' loads filled.
 
     Slot ``s`` is the block at position ``cids[s]`` of the fill: primary row
-    ``rows_of[cids[s]]``, verified with CRC-32C ``crcs[cids[s]]`` (positions
-    survive the narrowing of :meth:`keep` and of admission)."""
+    ``rows_of[cids[s]]``, noted with ``marks[cids[s]]`` (positions survive the
+    narrowing of :meth:`keep` and of admission)."""
 
-    __slots__ = ("crcs", "intake", "n_offered", "primary", "reused", "rows_of")
+    __slots__ = ("generation", "intake", "marks", "n_offered", "primary", "reused", "rows_of")
 
     def __init__(self, ctx: TransferContext, intake: Intake, keys: list[bytes],
-                 cids: list[int], crcs: list[int], batch: int) -> None:
+                 cids: list[int], marks: list[Mark], batch: int) -> None:
         n = len(keys)
         super().__init__(dataclasses.replace(ctx, rows=Snapshots(n, intake.row_bytes)), -1,
                          is_load=False, req_id="", keys=keys, cids=list(range(n)),
                          submit_time=time.monotonic(), deadline=None, batch=batch)
-        self.intake, self.primary, self.rows_of, self.crcs = intake, ctx.rows, cids, crcs
-        self.n_offered = n
+        self.intake, self.primary, self.rows_of, self.marks = intake, ctx.rows, cids, marks
+        self.n_offered, self.generation = n, intake.generation
         self.reused: list[int] = []  # slots whose row no longer held the block loaded
 
     def keep(self, keys: list[bytes]) -> None:
@@ -235,10 +261,10 @@ class FillJob(Job):
                 pos = self.cids[s]
                 view = memoryview(buf)
                 view[:] = self.primary[self.rows_of[pos]]
-                if checksum(view) == self.crcs[pos]:
+                if mark(view) == self.marks[pos]:
                     snaps.views[pos] = view
                     taken.append(s)
-                    crcs.append(self.crcs[pos])
+                    crcs.append(self.marks[pos][0])
                 else:
                     self.reused.append(s)
             run_slots(self, codec, start, stop, (taken, crcs))
@@ -270,6 +296,10 @@ def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
     for _ in range(min(intake.ripe, len(offers))):
         job = offers.popleft()
         keys = job.keys
+        if job.generation != intake.generation:  # loaded before a drain
+            intake.done(job.n_offered)
+            intake.dropped(len(keys))
+            continue
         if presence.holds_any(keys):
             keys = [k for k in keys if k not in presence]
             if not keys:
@@ -282,6 +312,14 @@ def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
             intake.done(job.n_offered)
             intake.dropped(len(keys))
     intake.ripe = len(offers)
+
+
+def drained(*intakes: Intake | None) -> None:
+    """A tier drained: its own intake and the one of the tier caching it drop
+    what was loaded so far (:meth:`Intake.drain`)."""
+    for intake in intakes:
+        if intake is not None:
+            intake.drain()
 
 
 def register(spec: Any, intake: Intake) -> None:

@@ -277,6 +277,7 @@ class KVStoreTier(SecondaryTierManager):
         try:
             self.pool.cancel_queued()
             self.pool.wait_idle()
+            readthrough.drained(self.intake, self._ctx.fill)  # vLLM frees the rows loaded
         except Exception:
             self._log.exception("kvstore tier %s: drain_jobs failed", self.tier_type)
 

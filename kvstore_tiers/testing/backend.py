@@ -42,7 +42,7 @@ from kvstore_tiers.backends.base import Backend, IOTuning
 from kvstore_tiers.batching import LoadItem, StoreItem, load_many, store_many
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing
-from kvstore_tiers.frame import FrameCodec
+from kvstore_tiers.frame import FrameCodec, checksum
 from kvstore_tiers.namespace import Namespace
 
 __all__ = ["BackendTests"]
@@ -64,6 +64,9 @@ class BackendTests:
     #: Bytes of one row in the frame tests (a multiple of the page size, as
     #: vLLM's rows are, so O_DIRECT paths run).
     row_bytes: int = 4 * mmap.PAGESIZE
+    #: Its loads set ``LoadItem.crc`` (the core's loops do); False: a native load
+    #: leaves it None, and read-through computes each row's CRC again.
+    load_sets_crc: bool = True
 
     # -- what a subclass provides ------------------------------------------------------
     def make_backend(self, namespace: Namespace, tmp_path: Path) -> Backend:
@@ -277,6 +280,18 @@ class BackendTests:
         assert [dests[0], dests[2], dests[3]] == rows, "the first store's bytes, verified"
         assert self.store(backend, codec, namespace, [], []) == []
         assert self.load(backend, codec, namespace, [], []) == []
+
+    def test_a_load_says_the_crc_of_each_row_it_verified(
+            self, backend: Backend, codec: FrameCodec, namespace: Namespace) -> None:
+        """``LoadItem.crc``: what the frame checks returned, never a wrong value
+        (read-through compares a primary row with it before caching the block)."""
+        self.store(backend, codec, namespace, [700, 701], self.rows(2, seed=4))
+        items = [LoadItem(self.name(namespace, i), _key(i), d)
+                 for i, d in zip([700, 701], self.empty_rows(2), strict=True)]
+        assert all(type(n) is int for n in load_many(backend, items, codec))
+        for item in items:
+            if item.crc is not None or self.load_sets_crc:
+                assert item.crc == checksum(item.dest)
 
     @pytest.mark.parametrize("how", ["bitflip", "truncated", "foreign", "garbage"])
     def test_a_damaged_object_is_corrupt_and_its_batch_neighbours_load(

@@ -20,6 +20,7 @@ from vllm.v1.kv_offload.base import LookupResult
 from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.frame import checksum
+from kvstore_tiers.readthrough import Mark, mark
 
 from ..conftest import rows_like
 from ..faults.common import corrupt
@@ -60,12 +61,14 @@ def promote(h: Any, keys: list[bytes]) -> np.ndarray:
     return rows
 
 
-def offer(h: Any, tier: Any, keys: list[bytes], rows: np.ndarray) -> None:
+def offer(h: Any, tier: Any, keys: list[bytes], rows: np.ndarray,
+          marks: list[Mark] | None = None) -> None:
     """Offer ``rows`` to ``tier``'s intake as a load of a later tier does: they
-    are put in the first primary rows and noted with their CRC-32C."""
+    are put in the first primary rows and noted with their marks."""
     cids = list(range(len(keys)))
     h.view[cids] = rows
-    part = tier.intake.take(list(keys), cids, [checksum(memoryview(r)) for r in rows])
+    marks = marks or [mark(memoryview(r)) for r in rows]
+    part = tier.intake.take(list(keys), cids, marks)
     if part is not None:
         tier.intake.offer([part])
 
@@ -142,7 +145,7 @@ def test_a_block_is_written_once_and_a_corrupt_one_never(
     assert local.counters.objects_stored == 3 and local.counters.read_through_stored == 3
 
 
-def test_copies_waiting_are_bounded(harness_factory: Any, tmp_path: Path) -> None:
+def test_blocks_waiting_are_bounded(harness_factory: Any, tmp_path: Path) -> None:
     row = 512 << 10  # read_through_max_bytes is at least 1 MiB: two rows
     b = harness_factory([fs(tmp_path / "b", read_through=True, read_through_max_bytes=1 << 20),
                          fs(tmp_path / "far")], num_chunks=16, chunk_bytes=row)
@@ -202,6 +205,38 @@ def test_a_row_reused_before_the_fill_reads_it_is_not_cached(
     b.finish_request(ctx)
 
 
+def test_a_reused_row_with_the_same_crc_is_not_cached(harness_factory: Any, tmp_path: Path) -> None:
+    """The CRC-32C alone does not decide: a row whose bytes differ from those
+    sampled at the load is not cached even where its CRC matches (as a
+    collision would)."""
+    b = harness_factory([fs(tmp_path / "b", read_through=True), fs(tmp_path / "far")],
+                        num_chunks=16, chunk_bytes=ROW)
+    local = b.tiers[0]
+    keys, rows = make_keys(2, seed=15), rows_like(2, ROW, seed=15)
+    other = rows_like(1, ROW, seed=16)[0]
+    marks = [mark(memoryview(rows[0])), (checksum(memoryview(other)), mark(memoryview(rows[1]))[1])]
+    offer(b, local, keys, np.stack([rows[0], other]), marks)  # row 1 holds another block
+    b.settle()
+    assert local.counters.read_through_stored == 1 and local.counters.read_through_dropped == 1
+
+
+def test_a_drain_drops_what_was_loaded_before_it(harness_factory: Any, tmp_path: Path) -> None:
+    """reset_cache drains the tiers and vLLM frees the primary rows: blocks
+    loaded before it are not cached (no fill reads those rows)."""
+    b = harness_factory([fs(tmp_path / "b", read_through=True), fs(tmp_path / "far")],
+                        num_chunks=16, chunk_bytes=ROW)
+    local = b.tiers[0]
+    keys, rows = make_keys(4, seed=17), rows_like(4, ROW, seed=17)
+    offer(b, local, keys, rows)
+    b.forget_primary()
+    b.settle()
+    assert local.counters.read_through_stored == 0 and local.counters.read_through_dropped == 4
+    assert objects(tmp_path / "b") == 0 and not b.manager.has_pending_work()
+    offer(b, local, keys, rows)  # loads after the drain are cached again
+    b.settle()
+    assert local.counters.read_through_stored == 4
+
+
 def test_snapshot_buffers_are_reused(harness_factory: Any, tmp_path: Path) -> None:
     """A fill takes the buffers a finished one gave back (their pages are faulted
     in already) and gives them back in turn."""
@@ -210,9 +245,13 @@ def test_snapshot_buffers_are_reused(harness_factory: Any, tmp_path: Path) -> No
     local = b.tiers[0]
     intake = local.intake
     kept = intake.buffers(3)
+    for buf in kept:
+        buf[:] = b"\xab" * len(buf)
     intake.give_back(kept)
     keys, rows = make_keys(3, seed=12), rows_like(3, ROW, seed=12)
     offer(b, local, keys, rows)
     b.settle()
     assert local.counters.read_through_stored == 3
-    assert {id(buf) for buf in intake.buffers(3)} == {id(buf) for buf in kept}
+    again = intake.buffers(3)
+    assert {id(buf) for buf in again} == {id(buf) for buf in kept}
+    assert any(bytes(buf) in {r.tobytes() for r in rows} for buf in again), "used by the fill"

@@ -7,7 +7,14 @@ import pytest
 
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.errors import ObjectCorrupt
-from kvstore_tiers.frame import HEADER_FIXED, FrameCodec, header_length, parse_header
+from kvstore_tiers.frame import (
+    FLAG_ENCRYPTED,
+    HEADER_FIXED,
+    FrameCodec,
+    checksum,
+    header_length,
+    parse_header,
+)
 
 NS = b"N" * 16
 KEY = b"\x01" * 32 + (0).to_bytes(4, "big")
@@ -172,3 +179,22 @@ def test_verify_frame_runs_the_load_checks(codec: CodecId) -> None:
     damaged[-1] ^= 0x01
     with pytest.raises(ObjectCorrupt):
         verify_frame(bytes(damaged), KEY)
+
+
+def test_a_load_returns_the_checksum_it_verified_and_a_store_takes_a_given_one() -> None:
+    """What read-through relies on: the CRC-32C a load verified (None for an
+    encrypted frame), and a frame built with the CRC its caller computed."""
+    frame, raw = _frame()
+    codec = FrameCodec(NS, CodecId.NONE)
+    header = codec.decode_into(KEY, frame, memoryview(bytearray(len(raw))))
+    assert header.row_checksum == checksum(raw)
+    assert header._replace(flags=FLAG_ENCRYPTED).row_checksum is None
+    rx = codec.receive(KEY, frame[:256], len(frame), memoryview(bytearray(len(raw))))
+    rx.remaining[:] = frame[rx.offset:]
+    assert rx.finish() == checksum(raw)
+    zstd = FrameCodec(NS, CodecId.ZSTD)
+    zframe = b"".join(bytes(b) for b in zstd.encode(KEY, memoryview(raw)))
+    assert zstd.receive(KEY, zframe, len(zframe), memoryview(bytearray(len(raw)))).finish() \
+        == checksum(raw)
+    given, _ = codec.encode(KEY, memoryview(raw), 12345)
+    assert parse_header(given).checksum == 12345
