@@ -120,8 +120,10 @@ def test_per_source_hits_and_per_node_figures_add_up(fleet_result: dict[str, Any
         assert sum(row["hits"].values()) == row["blocks_hit"]
         for n in nodes:
             assert sum(n["hits"].values()) == n["blocks_hit"]
-            # Every block promoted from a tier was a hit counted for it.
-            assert n["hits"]["remote"] == n["remote_gets"]["objects"]
+            # Every block promoted from a tier was a hit counted for it, but for
+            # one: vLLM scans past a RETRY to start the next lookups, so block 25
+            # behind node 0's miss of 31 is promoted when 31's check is the slower.
+            assert 0 <= n["remote_gets"]["objects"] - n["hits"]["remote"] <= _raced(row)
             assert n["hits"]["fs"] == n["counters"]["fs"]["objects_loaded"]
         for key in ("requests", "blocks_requested", "blocks_hit", "remote_put_attempts",
                     "remote_existed", "read_through_stored"):
@@ -139,6 +141,12 @@ def test_per_source_hits_and_per_node_figures_add_up(fleet_result: dict[str, Any
         assert row["remote_puts"]["bytes"] > row["remote_puts"]["objects"] * 8192 / 2
 
 
+def _raced(row: dict[str, Any]) -> int:
+    """1 if node 0 promoted block 25 behind its miss of 31 (a GET without a hit)."""
+    n0 = row["per_node"][0]
+    return n0["remote_gets"]["objects"] - n0["hits"]["remote"]
+
+
 def test_round_robin_counts_each_source_and_the_duplicate(fleet_result: dict[str, Any]
                                                            ) -> None:
     for row in fleet_result["rows"]:
@@ -149,22 +157,27 @@ def test_round_robin_counts_each_source_and_the_duplicate(fleet_result: dict[str
         # request 5: from the remote again, or with read-through from its own fs tier.
         if row["read_through"]:
             assert n1["hits"] == {"primary": 1, "fs": 7, "remote": 6}
-            assert (n0["read_through_stored"], n1["read_through_stored"]) == (0, 6)
+            assert (n0["read_through_stored"], n1["read_through_stored"]) == (_raced(row), 6)
             assert row["remote_repeats"] == 0
         else:
             assert n1["hits"] == {"primary": 1, "fs": 1, "remote": 12}
             assert row["read_through_stored"] == 0
             assert (n0["remote_repeats"], n1["remote_repeats"]) == (0, 6)
         assert n1["fs_written"] == 14 + n1["read_through_stored"]
-        # Block 25: stored by node 1, computed again by node 0, whose put found it there.
-        assert row["duplicate_blocks"] == 1
-        assert (n0["remote_existed"], n1["remote_existed"]) == (1, 0)
+        # Block 25: stored by node 1, computed again by node 0, whose put found it
+        # there; unless node 0's lookup promoted it (then it is in its primary).
+        raced = _raced(row)
+        assert raced in (0, 1)
+        assert row["duplicate_blocks"] == 1 - raced
+        assert (n0["remote_existed"], n1["remote_existed"]) == (1 - raced, 0)
         assert row["remote_puts"]["objects"] == 32
     # Read-through halves the remote GETs here, at the same hit rate: all it could
     # (half of the GETs without it repeat a node's earlier GET).
-    assert [(t["remote"], t["remote_gets_off"], t["remote_gets_on"], t["cut_bound"], t["met"])
-            for t in fleet_result["targets"]] == [("redis", 12, 6, 0.5, True),
-                                                  ("s3", 12, 6, 0.5, True)]
+    raced = {(r["remote"], r["read_through"]): _raced(r) for r in fleet_result["rows"]}
+    assert [(t["remote"], t["remote_gets_off"] - raced[t["remote"], False],
+             t["remote_gets_on"] - raced[t["remote"], True], t["met"])
+            for t in fleet_result["targets"]] == [("redis", 12, 6, True), ("s3", 12, 6, True)]
+    assert all(t["cut_bound"] == 6 / t["remote_gets_off"] for t in fleet_result["targets"])
 
 
 def test_the_tables_show_every_run(fleet_result: dict[str, Any]) -> None:

@@ -15,7 +15,9 @@ file order: it sends a request to its node and waits for the node's reply
 before it sends the next one, and a node replies once the request's
 cascades reached its tiers. So the fleet sees the trace's order, a block is
 in the remote before any later request looks it up, and a run's counts do
-not depend on timing (except through when an fs evictor runs). The price:
+not depend on timing, except through when an fs evictor runs and where
+vLLM, scanning past a RETRY, promotes a block behind a miss whose check was
+the slower (a GET without a hit, as in an engine). The price:
 the nodes never run at once, so a run takes as long as the requests
 together, and two nodes never race to compute the same new block (the
 duplicate writes counted here are those of blocks a node recomputes after a
