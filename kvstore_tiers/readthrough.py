@@ -89,7 +89,7 @@ class Intake:
     ``offers`` (fill jobs ready to queue) is emptied by the caching tier's
     scheduler thread, which alone reads and writes ``ripe``; the caching
     tier's I/O threads take and give back snapshot buffers and call
-    :meth:`done` when a fill finishes. The lock guards the byte count, the
+    :meth:`settled` when a fill finishes. The lock guards the byte count, the
     kept buffers and the caching tier's ``read_through_dropped`` counter.
     """
 
@@ -156,34 +156,26 @@ class Intake:
         """A load job finished (its last I/O thread): a fill job of its blocks."""
         keys = [k for p in parts for k in p[0]]
         if self.closed or self._ctx is None:
-            self.done(len(keys))
+            with self._lock:
+                self._pending -= len(keys) * self.row_bytes
             return
         cids = [c for p in parts for c in p[1]]
         marks = [m for p in parts for m in p[2]]
         self.offers.append(FillJob(self._ctx, self, keys, cids, marks, self._batch))
 
-    def done(self, n: int) -> None:
-        """``n`` blocks offered are written or dropped."""
+    def settled(self, job: FillJob, dropped: int) -> None:
+        """``job`` is written, or will not be: its blocks leave the pending bytes,
+        and ``dropped`` of them were not cached (a reused row, a drain, a full
+        pool queue: counted in ``read_through_dropped``)."""
         with self._lock:
-            self._pending -= n * self.row_bytes
-
-    def dropped(self, n: int) -> None:
-        """``n`` blocks offered are not cached (a reused row, a full pool queue)."""
-        with self._lock:
-            self._counters.read_through_dropped += n
+            self._pending -= job.n_offered * self.row_bytes
+            self._counters.read_through_dropped += dropped
 
     def drain(self) -> None:
         """A tier of the manager drained (scheduler thread, after its running
         jobs finished): vLLM may free the rows of what was loaded before, so
-        the fills offered so far are dropped, now or when :func:`fill_jobs`
-        meets them."""
+        :func:`fill_jobs` drops the fills offered so far."""
         self.generation += 1
-        offers = self.offers
-        while offers:
-            job = offers.popleft()
-            self.done(job.n_offered)
-            self.dropped(len(job.keys))
-        self.ripe = 0
 
     def buffers(self, n: int) -> list[mmap.mmap]:
         """``n`` snapshot buffers of a row each (kept ones first)."""
@@ -281,10 +273,9 @@ class FillJob(Job):
             self.keys = [self.keys[s] for s in kept]
             self.outcomes = [self.outcomes[s] for s in kept]
             self.stored_bytes = [self.stored_bytes[s] for s in kept]
-            self.intake.dropped(len(gone))
         super().finish()
         self.ctx.rows.release()
-        self.intake.done(self.n_offered)
+        self.intake.settled(self, len(self.reused))
 
 
 def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
@@ -297,20 +288,18 @@ def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
         job = offers.popleft()
         keys = job.keys
         if job.generation != intake.generation:  # loaded before a drain
-            intake.done(job.n_offered)
-            intake.dropped(len(keys))
+            intake.settled(job, len(keys))
             continue
         if presence.holds_any(keys):
             keys = [k for k in keys if k not in presence]
             if not keys:
-                intake.done(job.n_offered)
+                intake.settled(job, 0)
                 continue
             job.keep(keys)
         presence.update(keys, job)
         if not pool.submit(job, is_load=False):
             presence.discard_receipt(keys, job)
-            intake.done(job.n_offered)
-            intake.dropped(len(keys))
+            intake.settled(job, len(keys))
     intake.ripe = len(offers)
 
 
