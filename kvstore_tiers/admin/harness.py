@@ -169,20 +169,28 @@ class Harness:
                 self.manager.on_reset_flushed()
 
     def lookup_until_resolved(
-        self, keys: Sequence[bytes], ctx: Any, max_steps: int = 200
+        self, keys: Sequence[bytes], ctx: Any, max_steps: int = 200, min_wait_s: float = 30.0
     ) -> tuple[list[Any], int]:
         """Look ``keys`` up each step, as the scheduler does, until none is RETRY
-        or HIT_PENDING. Returns (final results, steps taken)."""
+        or HIT_PENDING. Returns (final results, steps taken). Gives up (TimeoutError)
+        only after ``max_steps`` steps *and* ``min_wait_s`` seconds: a step count
+        alone is a few hundred milliseconds, which a busy machine can spend on
+        one load."""
         from vllm.v1.kv_offload.base import LookupResult
 
-        for n in range(1, max_steps + 1):
+        deadline = time.monotonic() + min_wait_s
+        n = 0
+        while True:
+            n += 1
             with self.locked():
                 results = [self.manager.lookup(k, ctx) for k in keys]
             if all(r in (LookupResult.HIT, LookupResult.MISS) for r in results):
                 return results, n
+            if n >= max_steps and time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"lookups unresolved after {n} steps and {min_wait_s:g} s: {results}")
             self.step()
             time.sleep(0.002)
-        raise TimeoutError(f"lookups unresolved after {max_steps} steps: {results}")
 
     def load(self, keys: Sequence[bytes], ctx: Any) -> np.ndarray:
         """Rows of ``keys`` as loaded into the primary (prepare_load/complete_load)."""
