@@ -91,19 +91,18 @@ def event_list(offloading_spec: OffloadingSpec, config: TierConfig, tier_type: s
     return None
 
 
-def plan_batches(tuning: IOTuning, row_bytes: int) -> tuple[int, int, bool]:
-    """``(store_batch, load_batch, spread_loads)``: chunks per I/O task.
+def plan_batches(tuning: IOTuning, row_bytes: int) -> tuple[int, int]:
+    """``(store_batch, load_batch)``: chunks per I/O task.
 
-    Stores go ``store_batch`` chunks per task, loads ``load_batch`` (fs:
-    eight; a pipeline's worth for redis/s3), and no load task carries more
-    than ``max_load_batch_bytes`` of rows. With ``spread_loads`` (fs) the
-    tier first spreads a load over every read thread, as it sits on
-    time-to-first-token.
+    Stores go ``store_batch`` chunks per task, loads ``load_batch`` (fs: a
+    whole job, read in parallel inside the task; a pipeline's worth for
+    redis/s3), and no load task carries more than ``max_load_batch_bytes``
+    of rows.
     """
     load_batch = tuning.load_batch
     if tuning.max_load_batch_bytes:
         load_batch = max(1, min(load_batch, tuning.max_load_batch_bytes // max(1, row_bytes)))
-    return tuning.store_batch, load_batch, tuning.spread_loads
+    return tuning.store_batch, load_batch
 
 
 def start_pool(config: TierConfig, tier_type: str, namespace: Namespace, codec_id: CodecId,

@@ -114,9 +114,8 @@ class KVStoreTier(SecondaryTierManager):
         self.backend: Backend = self.backend_cls(config, self.namespace)
         self.backend.open()
         tuning = self.backend.tuning
-        self._store_batch, self._load_batch, self._spread_loads = assembly.plan_batches(
+        self._store_batch, self._load_batch = assembly.plan_batches(
             tuning, self._block_size_bytes)
-        self._read_threads = max(1, config.n_read_threads)
         self.rows = PrimaryRows(primary_kv_view, self._block_size_bytes)
         self._log = SchedulerLogger(logger, tier_type)  # the scheduler thread's log lines
         ledger = self._ledger = Ledger(tier_type, config, self._block_size_bytes,
@@ -371,11 +370,7 @@ class KVStoreTier(SecondaryTierManager):
         timeout = self.config.load_timeout_s
         # The job is queued once; I/O threads take it a batch at a time, so a
         # request's chunks move in parallel at no cost to this thread.
-        batch = self._store_batch
-        if is_load:
-            batch = self._load_batch
-            if self._spread_loads:
-                batch = min(batch, -(-len(keys) // self._read_threads))
+        batch = self._load_batch if is_load else self._store_batch
         job = Job(
             self._ctx, tj.job_id, is_load=is_load, req_id=tj.req_context.req_id, keys=keys,
             cids=cids, submit_time=tj.submit_time,

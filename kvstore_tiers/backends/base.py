@@ -71,11 +71,6 @@ class IOTuning:
     #: once, so a backend may take them in larger batches than loads, which
     #: sit on time-to-first-token.
     store_batch: int = 1
-    #: Spread a load job over every read thread before filling batches: a
-    #: 16-chunk load on 8 threads goes 2 chunks per task, not ``load_batch``
-    #: (fs: each file is its own read, so threads are what makes them
-    #: parallel; redis/s3 overlap a batch's requests within one task).
-    spread_loads: bool = False
     #: At most this many bytes of rows per load task (at least one row; None:
     #: no bound), so a task's latency stays about one large read.
     max_load_batch_bytes: int | None = None

@@ -121,8 +121,9 @@ class _Inject:
         # The object's path is an item's second field in a publish, its first in a read.
         at = 1 if fn == "publish_files" else 0
 
-        def fake_batch(items: list[Any]) -> list[Any]:
-            return [fail(it[0]) if ".kvf" in it[at] else self.real([it])[0] for it in items]
+        def fake_batch(items: list[Any], *rest: Any) -> list[Any]:
+            return [fail(it[0]) if ".kvf" in it[at] else self.real([it], *rest)[0]
+                    for it in items]
 
         monkeypatch.setattr(fs_io, fn, fake_batch)
 

@@ -19,10 +19,13 @@
  *   64), with the GIL released once for all of them. Per item, in order: the
  *   bytes written (0: it existed) or the OSError it met, returned, not raised.
  *
- * read_files(items) -> list
+ * read_files(items, threads=1) -> list
  *
  *   For each (path, buffers, flags) of ``items`` (at most 64), with the GIL
- *   released once for all of them: opens ``path`` read-only (O_CLOEXEC |
+ *   released once for all of them, on up to ``threads`` threads at once (the
+ *   calling one and helpers started for the call; ``threads`` is shared out
+ *   among the calls running at the time, each keeping at least its own):
+ *   opens ``path`` read-only (O_CLOEXEC |
  *   ``flags``, e.g. O_DIRECT), reads it from offset 0 into ``buffers``
  *   (writable buffers, in order) with one vectored read and closes it. Per
  *   item, in order: (n, size), the bytes read and the file's size, or the
@@ -57,6 +60,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -541,8 +545,64 @@ checksum_read(Item *it)
 
 /* publish_files (reading 0) and read_files (reading 1): every item with the
  * GIL released once, then per item its result or its OSError, not raised. */
+/* One read of read_files: open, readv, close, and the checksum asked for
+ * (runs without the GIL). */
+static void
+read_item(Item *it)
+{
+    it->failed = PyBytes_AS_STRING(it->path);
+    it->err = read_one(it->failed, &it->b, it->flags, &it->n, &it->size);
+    if (!it->err && it->crc_of >= 0 && crc_insn)
+        checksum_read(it);
+}
+
+/* The reads of one read_files call, taken one at a time by whichever of its
+ * threads is free. */
+typedef struct {
+    Item *items;
+    Py_ssize_t count;
+    Py_ssize_t next; /* the next item to take (atomic) */
+} Gang;
+
+/* Calls of read_files now reading: their threads share out ``threads``. */
+static int active_calls;
+
+static void *
+gang_work(void *arg)
+{
+    Gang *g = arg;
+    Py_ssize_t i;
+    while ((i = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED)) < g->count)
+        read_item(&g->items[i]);
+    return NULL;
+}
+
+/* Read every item of ``g`` on up to ``threads`` threads: the caller's and
+ * helpers started here (each file is its own open and read, so threads are
+ * what overlaps them, as a disk's queue wants). The budget is divided by the
+ * calls reading at the time, so concurrent loads do not multiply it; a
+ * helper that cannot be started leaves its share to the others. Runs
+ * without the GIL: no helper ever touches a Python object. */
+static void
+gang_run(Gang *g, int threads)
+{
+    int active = __atomic_add_fetch(&active_calls, 1, __ATOMIC_RELAXED);
+    Py_ssize_t want = threads / active;
+    if (want > g->count)
+        want = g->count;
+    pthread_t helpers[MAX_ITEMS];
+    Py_ssize_t started = 0;
+    for (; started + 1 < want; started++)
+        if (pthread_create(&helpers[started], NULL, gang_work, g) != 0)
+            break;
+    gang_work(g);
+    for (Py_ssize_t i = 0; i < started; i++)
+        pthread_join(helpers[i], NULL);
+    __atomic_sub_fetch(&active_calls, 1, __ATOMIC_RELAXED);
+}
+
 static PyObject *
-run_items(PyObject *items_obj, int reading)
+run_items(PyObject *items_obj, int reading, int threads)
 {
     Item *items;
     Py_ssize_t ready;
@@ -552,14 +612,12 @@ run_items(PyObject *items_obj, int reading)
         goto out;
 
     Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t i = 0; i < count; i++) {
-        Item *it = &items[i];
-        if (reading) {
-            it->failed = PyBytes_AS_STRING(it->path);
-            it->err = read_one(it->failed, &it->b, it->flags, &it->n, &it->size);
-            if (!it->err && it->crc_of >= 0 && crc_insn)
-                checksum_read(it);
-        } else {
+    if (reading) {
+        Gang gang = {.items = items, .count = count, .next = 0};
+        gang_run(&gang, threads);
+    } else {
+        for (Py_ssize_t i = 0; i < count; i++) {
+            Item *it = &items[i];
             it->err = publish_one(PyBytes_AS_STRING(it->tmp), PyBytes_AS_STRING(it->path),
                                   &it->b, it->flags, &it->n, &it->failed);
         }
@@ -595,14 +653,22 @@ static PyObject *
 publish_files(PyObject *module, PyObject *items_obj)
 {
     (void)module;
-    return run_items(items_obj, 0);
+    return run_items(items_obj, 0, 1);
 }
 
 static PyObject *
-read_files(PyObject *module, PyObject *items_obj)
+read_files(PyObject *module, PyObject *args)
 {
     (void)module;
-    return run_items(items_obj, 1);
+    PyObject *items_obj;
+    int threads = 1;
+    if (!PyArg_ParseTuple(args, "O|i:read_files", &items_obj, &threads))
+        return NULL;
+    if (threads < 1 || threads > MAX_ITEMS) {
+        PyErr_Format(PyExc_ValueError, "threads must be 1 to %d", MAX_ITEMS);
+        return NULL;
+    }
+    return run_items(items_obj, 1, threads);
 }
 
 static PyObject *
@@ -648,10 +714,10 @@ static PyMethodDef methods[] = {
     {"publish_files", publish_files, METH_O,
      "publish_files(items) -> list: publish_file for each (tmp, path, buffers, flags), with "
      "the GIL released once; per item bytes written (0: existed) or the OSError."},
-    {"read_files", read_files, METH_O,
-     "read_files(items) -> list: open, readv, close for each (path, buffers, flags[, crc_of]), "
-     "with the GIL released once; per item (n, size) (with crc_of: (n, size, crc or None)) "
-     "or the OSError."},
+    {"read_files", read_files, METH_VARARGS,
+     "read_files(items, threads=1) -> list: open, readv, close for each (path, buffers, "
+     "flags[, crc_of]), with the GIL released once, on up to threads threads at once; per "
+     "item (n, size) (with crc_of: (n, size, crc or None)) or the OSError."},
     {"exists_files", exists_files, METH_O,
      "exists_files(paths) -> list[bool]: whether each path exists (access F_OK), with the "
      "GIL released once."},

@@ -11,9 +11,12 @@
   :mod:`.capacity`: every file's room is reserved before it is written.
 * Temp files carry their writer's id (:mod:`.writers`); those of writers
   killed mid-write are removed at start, by ``gc`` and by the capacity count.
-* Each load batch is one open-read-close call for all its files, each store
-  batch one create-write-close-rename call (up to eight blocks each;
-  :mod:`.fileio`), compiled where a C compiler exists.
+* A load job is one task whose files are read in one GIL-free call, on up
+  to ``n_read_threads`` threads at once inside it; each store batch is one
+  create-write-close-rename call of up to eight blocks (:mod:`.fileio`),
+  compiled where a C compiler exists. A Python thread takes the GIL back
+  once per load, not once per file: on a busy engine, whose scheduler loop
+  holds the GIL, each take-back can wait a whole switch interval.
 * The backend never parses a frame: a load hands the first page it read to
   :meth:`FrameCodec.receive`, which checks the header and says where the rest
   of the payload goes.
@@ -71,8 +74,10 @@ logger = logging.getLogger(__name__)
 # carries at most 2 MiB of rows, since a job waits for its last, larger task
 # (the A/Bs are in the history of docs/benchmarks.md). Headers are padded to
 # a page so a raw payload is page aligned.
-TUNING = IOTuning(load_batch=8, store_batch=8, spread_loads=True,
-                  max_load_batch_bytes=2 << 20, header_align=PAGE)
+#: A load task is a whole job (up to 64 blocks, the native call's bound, and
+#: 128 MiB of rows: a deadlined load's bounce buffer is one task's rows).
+TUNING = IOTuning(load_batch=64, store_batch=8, max_load_batch_bytes=128 << 20,
+                  header_align=PAGE)
 
 
 def _classify_oserror(exc: OSError, path: str) -> Exception:
@@ -319,7 +324,7 @@ class FileSystemBackend(Backend):
         mark = self.trace_mark  # the load trace's (None: off)
         if mark is not None:
             mark("read")
-        read = fileio.read_files(batch)
+        read = fileio.read_files(batch, self.config.n_read_threads)
         if mark is not None:
             mark("read_end")
         for item, (path, parts, *_), res in zip(items, batch, read, strict=True):

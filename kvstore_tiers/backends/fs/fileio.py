@@ -12,8 +12,9 @@
   :func:`publish_file` for each (tmp, path, buffers, flags), errors returned
   rather than raised, so one full disk or missing directory fails its own
   item only. A store batch is one call.
-* :func:`read_files` (items) -> per item, (bytes read, file size) or the
-  OSError: for each (path, buffers, flags), open, one vectored read from
+* :func:`read_files` (items, threads) -> per item, (bytes read, file size) or the
+  OSError: for each (path, buffers, flags), on up to ``threads`` threads at
+  once (native only), open, one vectored read from
   offset 0, close; the size is the byte count when the read stopped short of
   filling ``buffers`` (it met end of file), else an ``fstat``'s. Errors are
   returned rather than raised. A load batch is one call. An item (path,
@@ -254,8 +255,8 @@ def publish_files_py(items: Sequence[PublishItem]) -> list[int | OSError]:
     return _run_items(items, publish_file_py, buffers_at=2, writable=False)
 
 
-def read_files_py(items: Sequence[ReadItem]) -> list[ReadResult | OSError]:
-    """Pure-Python :func:`read_files`."""
+def read_files_py(items: Sequence[ReadItem], threads: int = 1) -> list[ReadResult | OSError]:
+    """Pure-Python :func:`read_files`, one file after another (``threads`` unused)."""
     return _run_items(items, read_file_py, buffers_at=1, writable=True)
 
 
@@ -266,7 +267,7 @@ def exists_files_py(paths: Sequence[str]) -> list[bool]:
 
 publish_file: Callable[[str, str, Sequence[Buffer], int], int] = publish_file_py
 publish_files: Callable[[Sequence[PublishItem]], list[int | OSError]] = publish_files_py
-read_files: Callable[[Sequence[ReadItem]], list[ReadResult | OSError]] = read_files_py
+read_files: Callable[[Sequence[ReadItem], int], list[ReadResult | OSError]] = read_files_py
 exists_files: Callable[[Sequence[str]], list[bool]] = exists_files_py
 if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
     with contextlib.suppress(ImportError):  # not compiled here: the Python set

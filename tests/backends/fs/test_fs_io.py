@@ -108,6 +108,60 @@ def test_read_files_gives_each_file_its_own_outcome_in_order(io, tmp_path: Path)
     assert io.read_files([]) == []
 
 
+def test_read_files_on_threads_gives_what_one_thread_gives(io, tmp_path: Path) -> None:
+    """``threads`` changes only how many files are read at once: every
+    outcome, byte and checksum is the one-thread call's, in item order."""
+    rng = __import__("random").Random(7)
+    items, bufs = [], []
+    for i in range(40):
+        size = rng.choice([0, 1, PAGE - 1, PAGE, 3 * PAGE + 5, 70_000])
+        if i % 9 != 4:  # every ninth is missing
+            (tmp_path / f"{i}").write_bytes(os.urandom(size))
+        bufs.append([[bytearray(PAGE), bytearray(2 * PAGE), bytearray(PAGE)] for _ in "ab"])
+    items = [[(str(tmp_path / f"{i}"), b[k], 0, 1) for i, b in enumerate(bufs)] for k in (0, 1)]
+    one, many = io.read_files(items[0], 1), io.read_files(items[1], 8)
+    assert [repr(r) for r in one] == [repr(r) for r in many]
+    assert sum(isinstance(r, FileNotFoundError) for r in many) == 4
+    assert all(bytes(x) == bytes(y) for b in bufs for x, y in zip(*b, strict=True))
+
+
+def test_read_files_reads_a_batch_on_several_threads_at_once(tmp_path: Path) -> None:
+    """With ``threads=2`` the second file is opened while the first still
+    waits: two FIFOs whose writer serves the second first. Read one after
+    the other, the first's open would block until the writer gives up."""
+    from kvstore_tiers.backends.fs import _fsio
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    os.mkfifo(a)
+    os.mkfifo(b)
+    served: list[str] = []
+
+    def writer() -> None:
+        for _ in range(2000):  # up to 10 s for the reader to open b
+            try:
+                fd = os.open(b, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO: no reader yet
+            except OSError:
+                threading.Event().wait(0.005)
+                continue
+            os.write(fd, b"second")
+            os.close(fd)
+            served.append("b")
+            break
+        with open(a, "wb") as f:  # unblocks a sequential reader after the wait too
+            f.write(b"first")
+        served.append("a")
+
+    t = threading.Thread(target=writer)
+    t.start()
+    bufs = [bytearray(16), bytearray(16)]
+    out = _fsio.read_files([(str(a), [bufs[0]], 0), (str(b), [bufs[1]], 0)], 2)
+    t.join()
+    assert served == ["b", "a"]
+    assert out == [(5, 5), (6, 6)] and bufs[0][:5] == b"first" and bufs[1][:6] == b"second"
+    with pytest.raises(ValueError, match="threads"):
+        _fsio.read_files([], 0)
+
+
 def test_read_files_refuses_a_bad_batch_before_reading_any_of_it(io, tmp_path: Path) -> None:
     (tmp_path / "a").write_bytes(b"new")
     first = bytearray(b"old")

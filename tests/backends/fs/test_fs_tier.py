@@ -116,12 +116,13 @@ def test_stores_are_published_eight_files_per_call(harness_factory, tmp_path, mo
     assert np.array_equal(h.load(keys, ctx), rows)
 
 
-def test_a_load_job_goes_wide_first_then_eight_files_per_call(harness_factory, tmp_path,
-                                                             monkeypatch) -> None:
-    # A request's load is spread over every read thread (time-to-first-token),
-    # and a big one is read eight files per GIL-free call, not one.
-    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=160,
-                        chunk_bytes=ROW)
+def test_a_load_job_is_one_call_on_the_read_threads(harness_factory, tmp_path,
+                                                   monkeypatch) -> None:
+    # A request's load is one task, read by one GIL-free call on up to
+    # n_read_threads threads: its thread takes the GIL back once, not once per
+    # file (docs/fs.md). A job of more than 64 blocks is split into tasks.
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "n_read_threads": 3}],
+                        num_chunks=160, chunk_bytes=ROW)
     small, big = make_keys(20, seed=9), make_keys(128, seed=10)
     rows_small, rows_big = rows_like(20, ROW), rows_like(128, ROW, seed=3)
     h.store_all(small, rows_small)
@@ -129,13 +130,13 @@ def test_a_load_job_goes_wide_first_then_eight_files_per_call(harness_factory, t
     h.forget_primary()
     real, calls = fileio.read_files, []
 
-    def counting(items):
-        calls.append(len(items))
-        return real(items)
+    def counting(items, threads=1):
+        calls.append((len(items), threads))
+        return real(items, threads)
 
     monkeypatch.setattr(fileio, "read_files", counting)
-    for keys, rows, expect in ((small, rows_small, [2] + [3] * 6),  # 20 over 8 threads
-                               (big, rows_big, [8] * 16)):
+    for keys, rows, expect in ((small, rows_small, [(20, 3)]),
+                               (big, rows_big, [(64, 3)] * 2)):
         calls.clear()
         ctx = h.new_request()
         assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * len(keys)
@@ -144,21 +145,15 @@ def test_a_load_job_goes_wide_first_then_eight_files_per_call(harness_factory, t
         h.finish_request(ctx)
 
 
-def test_a_load_task_carries_at_most_two_mib(harness_factory, tmp_path, monkeypatch) -> None:
-    # Eight 2 MiB reads in one task made a job wait on its last, larger task
-    # (docs/fs.md): 1 MiB rows go two per call.
-    mib = 1 << 20
-    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=24,
-                        chunk_bytes=mib)
-    keys, rows = make_keys(24, seed=11), rows_like(24, mib)
-    h.store_all(keys, rows)
-    h.forget_primary()
-    real, calls = fileio.read_files, []
-    monkeypatch.setattr(fileio, "read_files", lambda items: calls.append(len(items)) or real(items))
-    ctx = h.new_request()
-    assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 24
-    assert calls == [2] * 12
-    assert np.array_equal(h.load(keys, ctx), rows)
+def test_a_load_task_carries_at_most_128_mib_of_rows() -> None:
+    # A deadlined load's bounce buffer holds one task's rows: the bound keeps
+    # it at 128 MiB a thread.
+    from kvstore_tiers.assembly import plan_batches
+    from kvstore_tiers.backends.fs.backend import TUNING
+
+    assert plan_batches(TUNING, 1 << 20) == (8, 64)
+    assert plan_batches(TUNING, 5 << 20) == (8, 25)
+    assert plan_batches(TUNING, 512 << 20) == (8, 1)
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
@@ -180,7 +175,8 @@ def test_a_raw_row_is_checksummed_by_its_read_and_nothing_else_is(
     h.forget_primary()
     real_read, real_checksum, crc_of, checksummed = fileio.read_files, frame.checksum, [], []
     monkeypatch.setattr(fileio, "read_files",
-                        lambda items: crc_of.extend(i[3] for i in items) or real_read(items))
+                        lambda items, threads=1: crc_of.extend(i[3] for i in items)
+                        or real_read(items, threads))
     monkeypatch.setattr(frame, "checksum",
                         lambda data: checksummed.append(len(data)) or real_checksum(data))
     ctx = h.new_request()
