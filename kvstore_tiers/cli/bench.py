@@ -110,6 +110,9 @@ from kvstore_tiers.cli._common import require_extra
               "--total-mib (default 64) of --chunk-kib chunks (one size, default 2048) and "
               "loading it back 16 chunks per request; writes load-trace.jsonl to --out and "
               "prints the per-phase breakdown.")
+@click.option("--busy-scheduler", is_flag=True,
+              help="--load-trace: the scheduler loop holds the GIL between its steps, as a "
+              "busy engine's does (by default it sleeps, giving the GIL up).")
 @click.option("--load-trace-summary", "load_trace_file",
               type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Measure nothing: print the per-phase breakdown of a load trace file "
@@ -140,7 +143,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           n_requests: int | None, primary_blocks: int | None, min_sightings: int,
           load_trace: bool, load_trace_file: Path | None, tier_keys: tuple[str, ...],
           nodes: int | None, routings: tuple[str, ...], read_through: str | None,
-          affinity_blocks: int | None) -> None:
+          affinity_blocks: int | None, busy_scheduler: bool) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
@@ -177,7 +180,8 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         return
     if load_trace:
         given = [n for n in ctx.params if n not in ("load_trace", "chunk_kib", "total_mib",
-                                                    "rounds", "directory", "out_dir", "tiers")
+                                                    "rounds", "directory", "out_dir", "tiers",
+                                                    "busy_scheduler")
                  and ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
         if given or tiers != ("fs",):
             raise click.UsageError(f"--load-trace measures the fs tiers alone; drop "
@@ -185,8 +189,10 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         if len(chunk_kib) > 1:
             raise click.UsageError("--load-trace takes one --chunk-kib")
         _load_trace(directory, out_dir, chunk_kib[0] if chunk_kib else 2048, total_mib or 64,
-                    rounds or 2)
+                    rounds or 2, busy_scheduler)
         return
+    if busy_scheduler:
+        raise click.UsageError("--busy-scheduler only applies to --load-trace")
     trace_only = ("policies", "capacities", "n_requests", "primary_blocks", "min_sightings",
                   "tier_keys", "nodes", *bench_trace.FLEET_ONLY)
     given = [n for n in trace_only
@@ -392,7 +398,7 @@ def _print_load_trace(path: Path) -> None:
 
 
 def _load_trace(directory: Path, out_dir: Path, chunk_kib: int, total_mib: int,
-                rounds: int) -> None:
+                rounds: int, busy: bool = False) -> None:
     """``--load-trace``: load-trace.jsonl and load-trace.json in --out, and the table."""
     from rich.console import Console
 
@@ -405,13 +411,14 @@ def _load_trace(directory: Path, out_dir: Path, chunk_kib: int, total_mib: int,
     try:
         result = load_breakdown.run(directory.resolve(), chunk_kib << 10, total_mib << 20,
                                     rounds, out_dir / "load-trace.jsonl",
-                                    lambda msg: console.print(msg))
+                                    lambda msg: console.print(msg), busy)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     doc = {"mode": "load-trace", "code": code_info(), "machine": machine_info(),
            "seconds": time.time() - t0, **result}
     console.print(load_breakdown.table(result["summary"], f"load trace, {chunk_kib} KiB chunks, "
-                                       f"{load_breakdown.JOB_CHUNKS} per job"))
+                                       f"{load_breakdown.JOB_CHUNKS} per job"
+                                       + (", busy scheduler" if busy else "")))
     console.print(f"trace: {out_dir / 'load-trace.jsonl'}; result: "
                   f"{write_json(doc, out_dir / 'load-trace.json')}")
 

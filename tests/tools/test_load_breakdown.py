@@ -89,12 +89,26 @@ def test_a_line_that_is_not_json_is_named(tmp_path: Path) -> None:
     assert out.exit_code == 2 and "bad.jsonl:2" in out.output
 
 
-def test_a_tiny_run_traces_ours_and_observes_vllms(tmp_path: Path) -> None:
+@pytest.mark.parametrize("busy", [False, True])
+def test_a_tiny_run_traces_ours_and_observes_vllms(tmp_path: Path, monkeypatch, busy) -> None:
+    from kvstore_tiers.tools.bench import fs_bench
+
+    spun: list[float] = []
+    real_spin = fs_bench.spin
+    monkeypatch.setattr(fs_bench, "spin", lambda s: spun.append(s) or real_spin(s))
     trace = tmp_path / "out" / "load-trace.jsonl"
     result = load_breakdown.run(tmp_path, 16 * 1024, 256 * 1024, 1, trace,
-                                progress=lambda _m: None)
+                                progress=lambda _m: None, busy=busy)
+    assert bool(spun) is busy and result["busy_scheduler"] is busy
     s = result["summary"]
     assert s["fs"]["jobs"] == 1 and s["vllm_fs"]["jobs"] == 1
     assert all(s["fs"][p] is not None for p, _label in load_breakdown.PHASES)
     assert s["vllm_fs"]["total"]["median_ms"] > 0 and s["vllm_fs"]["queue"] is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # the tiers' roots removed
+
+
+def test_busy_scheduler_belongs_to_the_load_trace() -> None:
+    from kvstore_tiers.cli.bench import bench
+
+    out = CliRunner().invoke(bench, ["--busy-scheduler", "--quick"])
+    assert out.exit_code == 2 and "--busy-scheduler only applies to --load-trace" in out.output

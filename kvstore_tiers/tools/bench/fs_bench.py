@@ -287,12 +287,22 @@ def reload_rounds(directory: Path, chunk: int, n: int, n_req: int, rounds: int
             "load_ratios": round_ratios(gbps["kvstore"], gbps["vllm"])}
 
 
-def promote_all(h: Harness, reqs: list[tuple[Any, list[bytes]]]) -> tuple[int, int]:
+def spin(seconds: float) -> None:
+    """Wait ``seconds`` running Python, holding the GIL as an engine's busy
+    scheduler loop does between its steps (``time.sleep`` gives it up)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def promote_all(h: Harness, reqs: list[tuple[Any, list[bytes]]],
+                pause: Callable[[float], None] = time.sleep) -> tuple[int, int]:
     """Scheduler-like loop: look every request's keys up each step until none
     is RETRY (all promotions queued), step until the transfers are consumed,
     then check every key is a HIT in the primary. Returns (steps until no
     lookup answered RETRY, steps from the first lookup until every key was
-    HIT); steps here are a busy loop 0.2 ms apart, far closer than an engine's."""
+    HIT); steps here are a busy loop 0.2 ms apart, far closer than an engine's,
+    with ``pause`` between them (:func:`spin`: the GIL held, as in an engine)."""
     from vllm.v1.kv_offload.base import LookupResult
 
     start = h.steps
@@ -310,14 +320,14 @@ def promote_all(h: Harness, reqs: list[tuple[Any, list[bytes]]]) -> tuple[int, i
         h.step()
         if not waiting:
             break
-        time.sleep(0.0002)
+        pause(0.0002)
     lookup_steps = h.steps - start
     for _ in range(1_000_000):
         with h.locked():
             pending = h.manager.has_pending_work()
         if not pending:
             break
-        time.sleep(0.0002)
+        pause(0.0002)
         h.step()
     with h.locked():
         missing = sum(h.manager.lookup(k, ctx) is not LookupResult.HIT

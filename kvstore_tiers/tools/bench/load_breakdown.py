@@ -200,11 +200,12 @@ JOB_CHUNKS = 16
 
 
 def load_jobs(kind: str, root: Path, chunk: int, keys: list[bytes],
-              observe: Callable[[Any], None] | None = None) -> None:
+              observe: Callable[[Any], None] | None = None, busy: bool = False) -> None:
     """A fresh manager (a new engine) loads ``keys`` as one request after
     another, :data:`JOB_CHUNKS` keys each, each promoted as vLLM's scheduler
     does (:func:`~kvstore_tiers.tools.bench.fs_bench.promote_all`: a step
-    every ~0.2 ms, which bounds the pick-up wait measured here);
+    every ~0.2 ms, which bounds the pick-up wait measured here; ``busy``:
+    the loop holds the GIL between steps, as an engine's does);
     ``observe(harness)`` first."""
     from kvstore_tiers.tools.bench import fs_bench
 
@@ -215,14 +216,15 @@ def load_jobs(kind: str, root: Path, chunk: int, keys: list[bytes],
             observe(h)
         for s in range(0, len(keys), JOB_CHUNKS):
             ctx = h.new_request()
-            fs_bench.promote_all(h, [(ctx, keys[s:s + JOB_CHUNKS])])
+            fs_bench.promote_all(h, [(ctx, keys[s:s + JOB_CHUNKS])],
+                                 fs_bench.spin if busy else time.sleep)
             h.finish_request(ctx)
     finally:
         h.shutdown()
 
 
 def run(directory: Path, chunk: int, total_bytes: int, rounds: int, trace_path: Path,
-        progress: Callable[[str], None] = print) -> dict[str, Any]:
+        progress: Callable[[str], None] = print, busy: bool = False) -> dict[str, Any]:
     """``rounds`` alternating rounds of ours and vLLM's stock fs tier: each stores
     ``total_bytes``, at least one job's worth (``fs_bench.store_round``), then
     :func:`load_jobs` loads them, ours with the load trace on, the stock
@@ -244,13 +246,13 @@ def run(directory: Path, chunk: int, total_bytes: int, rounds: int, trace_path: 
                 os.sync()
                 if kind == "kvstore":
                     with _env(LOAD_TRACE_ENV, str(trace_path)):  # written at its shutdown
-                        load_jobs(kind, root, chunk, keys)
+                        load_jobs(kind, root, chunk, keys, busy=busy)
                 else:
                     stock = StockObserver(fs_bench.TIERS[kind])
-                    load_jobs(kind, root, chunk, keys, stock.attach)
+                    load_jobs(kind, root, chunk, keys, stock.attach, busy)
                     stock.write(trace_path)
             finally:
                 shutil.rmtree(root, ignore_errors=True)
             progress(f"load trace: round {r + 1} of {rounds}, {kind}")
     return {"chunk_bytes": chunk, "job_chunks": JOB_CHUNKS, "jobs_per_round": n // JOB_CHUNKS,
-            "rounds": rounds, "summary": summarise(read_trace(trace_path))}
+            "rounds": rounds, "busy_scheduler": busy, "summary": summarise(read_trace(trace_path))}
