@@ -16,6 +16,9 @@ setup(
         Extension(
             "kvstore_tiers.backends.fs._fsio",
             sources=["kvstore_tiers/backends/fs/_fsio.c"],
+            # read_files starts helper threads (libc has them from glibc 2.34).
+            extra_compile_args=["-pthread"],
+            extra_link_args=["-pthread"],
             optional=True,
         ),
         Extension(
