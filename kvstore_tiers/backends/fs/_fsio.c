@@ -543,8 +543,6 @@ checksum_read(Item *it)
     it->has_crc = 1;
 }
 
-/* publish_files (reading 0) and read_files (reading 1): every item with the
- * GIL released once, then per item its result or its OSError, not raised. */
 /* One read of read_files: open, readv, close, and the checksum asked for
  * (runs without the GIL). */
 static void
@@ -601,6 +599,8 @@ gang_run(Gang *g, int threads)
     __atomic_sub_fetch(&active_calls, 1, __ATOMIC_RELAXED);
 }
 
+/* publish_files (reading 0) and read_files (reading 1): every item with the
+ * GIL released once, then per item its result or its OSError, not raised. */
 static PyObject *
 run_items(PyObject *items_obj, int reading, int threads)
 {
@@ -664,10 +664,12 @@ read_files(PyObject *module, PyObject *args)
     int threads = 1;
     if (!PyArg_ParseTuple(args, "O|i:read_files", &items_obj, &threads))
         return NULL;
-    if (threads < 1 || threads > MAX_ITEMS) {
-        PyErr_Format(PyExc_ValueError, "threads must be 1 to %d", MAX_ITEMS);
+    if (threads < 1) {
+        PyErr_SetString(PyExc_ValueError, "threads must be at least 1");
         return NULL;
     }
+    if (threads > MAX_ITEMS)
+        threads = MAX_ITEMS; /* a call reads at most MAX_ITEMS files */
     return run_items(items_obj, 1, threads);
 }
 

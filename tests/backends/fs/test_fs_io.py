@@ -160,6 +160,9 @@ def test_read_files_reads_a_batch_on_several_threads_at_once(tmp_path: Path) -> 
     assert out == [(5, 5), (6, 6)] and bufs[0][:5] == b"first" and bufs[1][:6] == b"second"
     with pytest.raises(ValueError, match="threads"):
         _fsio.read_files([], 0)
+    # More threads than a call has files (n_read_threads goes to 256): as many as it can use.
+    (tmp_path / "c").write_bytes(b"abc")
+    assert _fsio.read_files([(str(tmp_path / "c"), [bytearray(4)], 0)], 256) == [(3, 3)]
 
 
 def test_read_files_refuses_a_bad_batch_before_reading_any_of_it(io, tmp_path: Path) -> None:
