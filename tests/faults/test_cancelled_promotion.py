@@ -31,8 +31,9 @@ from .faultproxy import FaultProxy
 from .respproxy import RespProxy
 from .stall import StallFsBackend
 
-#: A promotion this long spans several batches on every backend (fs 8, s3 16, redis 8).
-N_KEYS = 48
+#: A promotion this long spans more tasks than the two I/O threads hold on every
+#: backend (chunks per load task: fs 64, s3 16, redis 8), so some stay queued.
+N_KEYS = 160
 #: Two I/O threads (a read and a write thread) both take loads.
 THREADS = {"n_read_threads": 1, "n_write_threads": 1}
 
