@@ -65,17 +65,15 @@ from kvstore_tiers.frame import FrameCodec
 
 logger = logging.getLogger(__name__)
 
-# Up to eight files per I/O task, one GIL-free call for the eight: per-file
-# GIL round trips and pool hand-offs were what kept small stores behind
-# vLLM's tier on tmpfs (fewer per call was slower, more gained nothing), and
-# loads pay the same round trips behind a busy scheduler thread. A load job
-# is still spread over every read thread first (a 16-chunk job on 8 threads
-# goes two per task), since loads sit on time-to-first-token; a load task
-# carries at most 2 MiB of rows, since a job waits for its last, larger task
-# (the A/Bs are in the history of docs/benchmarks.md). Headers are padded to
-# a page so a raw payload is page aligned.
-#: A load task is a whole job (up to 64 blocks, the native call's bound, and
-#: 128 MiB of rows: a deadlined load's bounce buffer is one task's rows).
+# Stores: up to eight files per I/O task, one GIL-free call for the eight:
+# per-file GIL round trips and pool hand-offs were what kept small stores
+# behind vLLM's tier on tmpfs (fewer per call was slower, more gained
+# nothing). Loads: a whole job is one task (up to 64 blocks, the native
+# call's bound, and 128 MiB of rows, as a deadlined load's bounce buffer is
+# one task's rows), read on the read threads inside that one call, so its
+# thread takes the GIL back once behind a busy scheduler loop (the A/Bs are
+# in docs/benchmarks.md and its history). Headers are padded to a page so a
+# raw payload is page aligned.
 TUNING = IOTuning(load_batch=64, store_batch=8, max_load_batch_bytes=128 << 20,
                   header_align=PAGE)
 
