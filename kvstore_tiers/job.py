@@ -59,6 +59,7 @@ from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.loadtrace import LoadTrace
 from kvstore_tiers.outcome import Summary, summarise
 from kvstore_tiers.pool import PoolJob
+from kvstore_tiers.presence import new_receipt
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
 if TYPE_CHECKING:
@@ -150,13 +151,13 @@ class Job(PoolJob):
     there (:class:`~kvstore_tiers.pool.PoolJob`): ``keys`` is vLLM's own list
     (vLLM reads it again at completion: nobody mutates it), ``ctx`` is the
     tier's, the per-slot lists are made by :meth:`start` on an I/O thread,
-    and a store job is its own presence-index receipt (``done``). Only a
+    and a store job carries its keys' presence-index receipt. Only a
     load with a deadline gets its ``lock`` and ``landed`` at once: the
     scheduler may expire it before any I/O thread took it.
     """
 
-    __slots__ = ("cids", "ctx", "deadline", "declined", "done", "expired", "fills", "is_load",
-                 "keys", "landed", "lock", "outcomes", "reported", "req_id", "stored_bytes",
+    __slots__ = ("cids", "ctx", "deadline", "declined", "expired", "fills", "is_load", "keys",
+                 "landed", "lock", "outcomes", "receipt", "reported", "req_id", "stored_bytes",
                  "submit_time", "summary")
 
     def __init__(
@@ -181,8 +182,8 @@ class Job(PoolJob):
         self.expired = False
         self.reported = False
         self.summary: Summary | None = None
-        #: Stores: this job is the presence index's receipt for its keys.
-        self.done = False
+        #: Stores: the presence index's receipt for its keys (done once reported).
+        self.receipt = None if is_load else new_receipt()
         #: Stores: the keys the admission policy did not admit (set by start()).
         self.declined: list[bytes] | tuple[()] = ()
         #: Loads of a cached tier: the blocks loaded, for read-through.
@@ -267,14 +268,6 @@ class Job(PoolJob):
         trace = self.ctx.trace
         if trace is not None and self.is_load:
             trace.published(self.job_id, self.n_slots, self.submit_time, not self.summary.bad)
-
-    def release(self) -> None:
-        """Scheduler thread, once reported: drop what a receipt need not keep.
-
-        A store job stays referenced by the presence index as its keys'
-        receipt; only ``done`` matters then.
-        """
-        self.keys, self.summary, self.declined = (), None, ()
 
 
 class TouchJob(PoolJob):

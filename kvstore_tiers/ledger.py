@@ -7,7 +7,7 @@ the counters and the kv events -- and returns vLLM's ``JobResult``.
 
 Scheduler thread only (vLLM calls ``get_finished_jobs`` and ``submit_*``
 there), so no lock. A fully successful job costs a few counter updates and
-no per-key work: its keys' presence receipt is the job itself
+no per-key work: its keys share one presence receipt
 (:mod:`kvstore_tiers.presence`).
 
 Failed promotions, as vLLM's own tiers treat them (``AsyncLookupManager.mark_miss``,
@@ -43,7 +43,7 @@ from kvstore_tiers.health import BreakerState, CircuitBreaker
 from kvstore_tiers.job import Job
 from kvstore_tiers.metrics import TierCounters, TierMetrics
 from kvstore_tiers.outcome import Summary, expire, summarise
-from kvstore_tiers.presence import PresenceIndex
+from kvstore_tiers.presence import DONE, PresenceIndex
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
 logger = logging.getLogger("kvstore_tiers.tier")
@@ -130,7 +130,7 @@ class Ledger:
             receipt = presence.pop(k, _ABSENT)
             if events is None or receipt is _ABSENT:
                 continue
-            if receipt is None or receipt.done:
+            if receipt is None or receipt[0] == DONE:
                 held.append(k)
             else:
                 self._evicted_in_flight.add(k)
@@ -193,7 +193,6 @@ class Ledger:
             self._apply_load(job, s)
         else:
             self._apply_store(job, s)
-            job.release()
             if not result.success:  # as the breaker counts it: cancelled ones neither way
                 self._failed_store(False if answered else (True if s.transient else None))
         return result
@@ -206,11 +205,10 @@ class Ledger:
             # Blocks the policy did not admit were never to be written.
             self.counters.store_failures += len(job.keys)
             for keys in (job.keys, job.declined):
-                self.presence.discard_receipt(keys, job)
+                self.presence.discard_receipt(keys, job.receipt)
                 self._evicted_in_flight.difference_update(keys)  # no stored event follows
             if job.declined and self.report_admission is not None:
                 self.report_admission(self.counters)
-            job.release()
             self._failed_store(True)
         return JobResult(job_id=job.job_id, success=False)
 
@@ -243,22 +241,23 @@ class Ledger:
         self.counters.read_through_stored += written
 
     def _apply_store(self, job: Job, s: Summary) -> None:
-        # No per-key work for stored keys: the job, their receipt, makes all
-        # of them stored; failed and not admitted ones are forgotten.
-        job.done = True
+        # No per-key work for stored keys: their receipt makes all of them
+        # stored; failed and not admitted ones are forgotten.
+        receipt = job.receipt
+        receipt[0] = DONE
         c = self.counters
         c.objects_skipped += s.existed
         c.objects_stored += s.written
         c.raw_bytes_written += s.written * self.row_bytes
         c.stored_bytes_written += s.frame_bytes
         if s.skipped:
-            self.presence.discard_receipt(s.skipped, job)
+            self.presence.discard_receipt(s.skipped, receipt)
             if self.report_admission is not None:
                 self.report_admission(c)
         if self.verdicts:
             self._end_verdicts(s.ok)
         if s.bad:
-            self.presence.discard_receipt(s.bad, job)
+            self.presence.discard_receipt(s.bad, receipt)
             c.transfers_cancelled += s.cancelled
             c.store_failures += len(s.bad) - s.cancelled
             if len(s.bad) > s.cancelled:

@@ -14,12 +14,12 @@ A key's value says what is known of it:
 
 * ``None``: stored (a store this process completed long ago, or an object
   the backend's existence check found);
-* a :class:`StoreReceipt` (in the tier, the store job itself): written by
-  one store job of this process, and stored once that job's completion has
-  been reported (``receipt.done``).
+* a :class:`StoreReceipt` (``Job.receipt``): written by one store job of
+  this process, and stored once that job's completion has been reported
+  (``receipt[0] == DONE``).
 
 Why receipts: a store job puts its keys here once, at submit, all pointing
-at one receipt; when it completes, flipping ``receipt.done`` makes all of
+at one receipt; when it completes, setting the receipt's byte makes all of
 them stored at once. Completing a job therefore costs the scheduler thread
 nothing per key (the keys' hash slots, cold in cache by then, are only
 touched again for a failed key or one the admission policy did not write),
@@ -58,17 +58,20 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Protocol
+
+#: Shared by the keys of one store job: one byte, 0 while the job is in
+#: flight, :data:`DONE` once its completion is reported (:func:`new_receipt`).
+#: Its own object rather than the job, which holds keys and outcomes the
+#: index has no use for; a bytearray because the cyclic GC does not track
+#: one, so making it on vLLM's scheduler thread does not bring the next GC
+#: pass closer (tests/backends/fs/test_fs_tier.py counts what a submit adds).
+StoreReceipt = bytearray
+DONE = 1
 
 
-class StoreReceipt(Protocol):
-    """Shared by the keys of one store job; ``done`` once its completion is reported.
-
-    The tier uses the store job itself as its receipt: one object less to
-    allocate on vLLM's scheduler thread per submit.
-    """
-
-    done: bool
+def new_receipt() -> StoreReceipt:
+    """A receipt for a store job about to be submitted (in flight)."""
+    return bytearray(1)
 
 
 class PresenceIndex(dict[bytes, StoreReceipt | None]):
@@ -80,7 +83,7 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
     def stored(self, key: bytes) -> bool:
         """True if ``key`` is known to be stored (not merely in flight)."""
         value = self.get(key, self)  # ``self``: a sentinel no value can be
-        return value is None or (value is not self and value.done)  # type: ignore[union-attr]
+        return value is None or (value is not self and value[0] == DONE)  # type: ignore[index]
 
     def add(self, key: bytes) -> None:
         """Remember ``key`` as stored."""

@@ -296,9 +296,9 @@ def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
                 intake.settled(job, 0)
                 continue
             job.keep(keys)
-        presence.update(keys, job)
+        presence.update(keys, job.receipt)
         if not pool.submit(job, is_load=False):
-            presence.discard_receipt(keys, job)
+            presence.discard_receipt(keys, job.receipt)
             intake.settled(job, len(keys))
     intake.ripe = len(offers)
 

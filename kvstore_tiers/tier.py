@@ -381,13 +381,13 @@ class KVStoreTier(SecondaryTierManager):
             # In the index at once (later stores of these keys skip), stored
             # for lookups once the job's completion sets its ``done``; those
             # the policy did not admit leave it then.
-            self.presence.update(keys, job)
+            self.presence.update(keys, job.receipt)
         if job.deadline is not None:
             self._deadlined[tj.job_id] = job
         if not self.pool.submit(job, is_load):
             self._deadlined.pop(tj.job_id, None)
             if not is_load:
-                self.presence.discard_receipt(keys, job)
+                self.presence.discard_receipt(keys, job.receipt)
             self._warn.warning("queue-full", "kvstore tier %s: I/O queue full (%d chunks); "
                                "failing job", self.tier_type, self.pool.queued_chunks)
             self._fail_now(tj.job_id, tj, is_load)

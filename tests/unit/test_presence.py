@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from kvstore_tiers.admin.harness import make_keys
-from kvstore_tiers.presence import PresenceIndex
-
-
-@dataclass
-class StoreReceipt:
-    """A store job as the index sees it (the tier passes the job itself)."""
-
-    done: bool = False
+from kvstore_tiers.presence import DONE, PresenceIndex, new_receipt
 
 
 def test_keys_of_a_store_are_in_flight_until_its_receipt_is_done() -> None:
     idx = PresenceIndex(100)
     keys = make_keys(4)
-    receipt = StoreReceipt()
+    receipt = new_receipt()
     idx.update(keys, receipt)
     assert all(k in idx for k in keys)  # a second store of them is skipped
     assert not any(idx.stored(k) for k in keys)  # but lookups do not hit yet
-    receipt.done = True
+    receipt[0] = DONE
     assert all(idx.stored(k) for k in keys)
     assert not idx.stored(b"unknown")
 
@@ -30,7 +21,7 @@ def test_keys_of_a_store_are_in_flight_until_its_receipt_is_done() -> None:
 def test_a_failed_store_forgets_only_keys_still_owned_by_its_receipt() -> None:
     idx = PresenceIndex(100)
     keys = make_keys(3)
-    first, second = StoreReceipt(), StoreReceipt()
+    first, second = new_receipt(), new_receipt()
     idx.update(keys, first)
     idx.update(keys[2:], second)  # keys[2] now belongs to a later store
     idx.discard_receipt(keys, first)
@@ -64,6 +55,6 @@ def test_past_capacity_the_oldest_insertions_are_forgotten() -> None:
 
 def test_capacity_zero_remembers_nothing() -> None:
     idx = PresenceIndex(0)
-    idx.update(make_keys(3), StoreReceipt())
+    idx.update(make_keys(3), new_receipt())
     idx.add(b"k")
     assert len(idx) == 0

@@ -384,8 +384,12 @@ def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
     at once; keys whose store failed are forgotten, so a later store writes
     them.
     """
+    import gc
+
     from vllm.v1.kv_offload.base import ReqContext
     from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    from kvstore_tiers.presence import StoreReceipt
 
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=8,
                         chunk_bytes=ROW)
@@ -424,6 +428,9 @@ def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
         assert [tier.lookup(k, fresh) for k in keys[:3]] == [HIT] * 3
         assert keys[3] not in tier.presence
         assert tier.counters.objects_stored == 3 and tier.counters.store_failures == 1
+        # The index keeps a receipt, not the job (its rows, keys and outcomes).
+        assert all(type(tier.presence[k]) is StoreReceipt for k in keys[:3])
+        assert not gc.is_tracked(tier.presence[keys[0]])  # no cost to the next GC pass
     # A later store of the failed key writes it (the disk works again).
     monkeypatch.setattr(fileio, "publish_files", real_publish)
     h.view[3] = 9
