@@ -23,8 +23,9 @@
  *
  *   For each (path, buffers, flags) of ``items`` (at most 64), with the GIL
  *   released once for all of them, on up to ``threads`` threads at once (the
- *   calling one and helpers started for the call; ``threads`` is shared out
- *   among the calls running at the time, each keeping at least its own):
+ *   calling one and helper threads the module keeps across calls, at most 64;
+ *   ``threads`` is shared out among the calls running at the time, each
+ *   keeping at least its own):
  *   opens ``path`` read-only (O_CLOEXEC |
  *   ``flags``, e.g. O_DIRECT), reads it from offset 0 into ``buffers``
  *   (writable buffers, in order) with one vectored read and closes it. Per
@@ -55,6 +56,7 @@
  * package releases and re-takes the GIL for every block, so a batch that
  * asks for it gets it here, inside the one GIL-free stretch.
  */
+#define _GNU_SOURCE /* pthread_setname_np */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -556,47 +558,156 @@ read_item(Item *it)
 
 /* The reads of one read_files call, taken one at a time by whichever of its
  * threads is free. */
-typedef struct {
+typedef struct Gang {
     Item *items;
     Py_ssize_t count;
-    Py_ssize_t next; /* the next item to take (atomic) */
+    Py_ssize_t next;   /* the next item to take (atomic) */
+    int wanted;        /* helpers still to join it (under pool.lock) */
+    int working;       /* helpers reading it now (under pool.lock) */
+    pthread_cond_t done; /* signalled when working drops to 0 */
+    struct Gang *later;  /* the next gang wanting helpers */
 } Gang;
 
-/* Calls of read_files now reading: their threads share out ``threads``. */
-static int active_calls;
+#define MAX_HELPERS MAX_ITEMS
+#define HELPER_STACK (256 * 1024)
 
-static void *
-gang_work(void *arg)
+/* The helper threads, kept across calls: starting a thread and joining it
+ * costs far more than waking one, and a load is one call. Helpers are started
+ * on demand, at most MAX_HELPERS, and then wait on ``wake`` for a gang that
+ * wants them. They never touch a Python object. */
+static struct {
+    pthread_mutex_t lock;
+    pthread_cond_t wake;
+    Gang *wanting;     /* gangs wanting helpers, oldest first */
+    int helpers, idle;
+    int active_calls;  /* calls of read_files now reading: they share ``threads`` */
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0};
+
+static void
+gang_work(Gang *g)
 {
-    Gang *g = arg;
     Py_ssize_t i;
     while ((i = __atomic_fetch_add(&g->next, 1, __ATOMIC_RELAXED)) < g->count)
         read_item(&g->items[i]);
+}
+
+/* Remove ``g`` from pool.wanting if it is there (under pool.lock). */
+static void
+unlist(Gang *g)
+{
+    for (Gang **at = &pool.wanting; *at != NULL; at = &(*at)->later)
+        if (*at == g) {
+            *at = g->later;
+            return;
+        }
+}
+
+static void *
+helper_main(void *arg)
+{
+    (void)arg;
+    pthread_setname_np(pthread_self(), "kvstore-fsio"); /* as top and py-spy show it */
+    pthread_mutex_lock(&pool.lock);
+    for (;;) {
+        Gang *g = pool.wanting;
+        if (g == NULL) {
+            pool.idle++;
+            pthread_cond_wait(&pool.wake, &pool.lock);
+            pool.idle--;
+            continue;
+        }
+        if (--g->wanted == 0)
+            pool.wanting = g->later;
+        g->working++;
+        pthread_mutex_unlock(&pool.lock);
+        gang_work(g);
+        pthread_mutex_lock(&pool.lock);
+        if (--g->working == 0)
+            pthread_cond_signal(&g->done);
+    }
     return NULL;
 }
 
+/* Start up to ``n`` more helpers (under pool.lock); a helper that cannot be
+ * started leaves the work to the others. */
+static void
+helpers_start(int n)
+{
+    pthread_attr_t attr;
+    if (pthread_attr_init(&attr) != 0)
+        return;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    pthread_attr_setstacksize(&attr, HELPER_STACK);
+    for (; n > 0 && pool.helpers < MAX_HELPERS; n--) {
+        pthread_t t;
+        if (pthread_create(&t, &attr, helper_main, NULL) != 0)
+            break;
+        pool.helpers++;
+    }
+    pthread_attr_destroy(&attr);
+}
+
+/* A forked child has none of the parent's helpers (only the forking thread
+ * survives a fork), and pool.lock was held across the fork by pool_prepare:
+ * start afresh. Gangs listed in the parent belong to threads the child does
+ * not have. */
+static void
+pool_prepare(void)
+{
+    pthread_mutex_lock(&pool.lock);
+}
+
+static void
+pool_parent(void)
+{
+    pthread_mutex_unlock(&pool.lock);
+}
+
+static void
+pool_child(void)
+{
+    pthread_mutex_init(&pool.lock, NULL);
+    pthread_cond_init(&pool.wake, NULL);
+    pool.wanting = NULL;
+    pool.helpers = pool.idle = pool.active_calls = 0;
+}
+
 /* Read every item of ``g`` on up to ``threads`` threads: the caller's and
- * helpers started here (each file is its own open and read, so threads are
+ * the pool's helpers (each file is its own open and read, so threads are
  * what overlaps them, as a disk's queue wants). The budget is divided by the
- * calls reading at the time, so concurrent loads do not multiply it; a
- * helper that cannot be started leaves its share to the others. Runs
- * without the GIL: no helper ever touches a Python object. */
+ * calls reading at the time, so concurrent loads do not multiply it. Returns
+ * once every item is read and no helper holds ``g``. Runs without the GIL. */
 static void
 gang_run(Gang *g, int threads)
 {
-    int active = __atomic_add_fetch(&active_calls, 1, __ATOMIC_RELAXED);
+    pthread_mutex_lock(&pool.lock);
+    int active = ++pool.active_calls;
     Py_ssize_t want = threads / active;
     if (want > g->count)
         want = g->count;
-    pthread_t helpers[MAX_ITEMS];
-    Py_ssize_t started = 0;
-    for (; started + 1 < want; started++)
-        if (pthread_create(&helpers[started], NULL, gang_work, g) != 0)
-            break;
+    g->wanted = (int)(want > 1 ? want - 1 : 0);
+    g->working = 0;
+    g->later = NULL;
+    if (g->wanted > 0) {
+        Gang **tail = &pool.wanting;
+        while (*tail != NULL)
+            tail = &(*tail)->later;
+        *tail = g;
+        if (g->wanted > pool.idle)
+            helpers_start(g->wanted - pool.idle);
+        for (int i = 0; i < g->wanted; i++)
+            pthread_cond_signal(&pool.wake);
+    }
+    pthread_mutex_unlock(&pool.lock);
+
     gang_work(g);
-    for (Py_ssize_t i = 0; i < started; i++)
-        pthread_join(helpers[i], NULL);
-    __atomic_sub_fetch(&active_calls, 1, __ATOMIC_RELAXED);
+
+    pthread_mutex_lock(&pool.lock);
+    unlist(g); /* every item is taken: helpers that have not joined need not */
+    while (g->working > 0)
+        pthread_cond_wait(&g->done, &pool.lock);
+    pool.active_calls--;
+    pthread_mutex_unlock(&pool.lock);
 }
 
 /* publish_files (reading 0) and read_files (reading 1): every item with the
@@ -614,7 +725,9 @@ run_items(PyObject *items_obj, int reading, int threads)
     Py_BEGIN_ALLOW_THREADS
     if (reading) {
         Gang gang = {.items = items, .count = count, .next = 0};
+        pthread_cond_init(&gang.done, NULL);
         gang_run(&gang, threads);
+        pthread_cond_destroy(&gang.done);
     } else {
         for (Py_ssize_t i = 0; i < count; i++) {
             Item *it = &items[i];
@@ -738,6 +851,14 @@ PyMODINIT_FUNC
 PyInit__fsio(void)
 {
     crc_insn = crc_insn_present() != 0;
+    static int forks_handled;
+    if (!forks_handled) {
+        if (pthread_atfork(pool_prepare, pool_parent, pool_child) != 0) {
+            PyErr_SetString(PyExc_RuntimeError, "pthread_atfork failed");
+            return NULL;
+        }
+        forks_handled = 1;
+    }
     if (crc_insn)
         crc_span_init();
     PyObject *m = PyModule_Create(&module_def);

@@ -165,6 +165,68 @@ def test_read_files_reads_a_batch_on_several_threads_at_once(tmp_path: Path) -> 
     assert _fsio.read_files([(str(tmp_path / "c"), [bytearray(4)], 0)], 256) == [(3, 3)]
 
 
+def _helpers() -> set[str]:
+    """The thread ids of read_files' helpers in this process."""
+    tasks = Path("/proc/self/task")
+    return {t.name for t in tasks.iterdir()
+            if (t / "comm").read_text().strip() == "kvstore-fsio"}
+
+
+def test_read_files_keeps_its_helper_threads_across_calls(tmp_path: Path) -> None:
+    """The helpers a call needs are started once and kept: later calls,
+    also from several Python threads at once, reuse them (at most 64 in
+    all), and a call returns only once no helper still reads its items."""
+    from kvstore_tiers.backends.fs import _fsio
+
+    paths = []
+    for i in range(16):
+        (tmp_path / f"{i}").write_bytes(bytes([i]) * 5000)
+        paths.append(str(tmp_path / f"{i}"))
+
+    def call(threads: int) -> None:
+        bufs = [bytearray(8192) for _ in paths]
+        out = _fsio.read_files([(p, [b], 0) for p, b in zip(paths, bufs, strict=True)],
+                               threads)
+        assert out == [(5000, 5000)] * 16
+        assert all(b[:5000] == bytes([i]) * 5000 for i, b in enumerate(bufs))
+
+    call(8)
+    kept = _helpers()
+    assert len(kept) >= 7  # the other 7 of 8 threads, still there
+    for _ in range(200):
+        call(8)
+    assert _helpers() == kept  # the same threads: none started, none left
+    callers = [threading.Thread(target=lambda: [call(8) for _ in range(50)]) for _ in range(4)]
+    for t in callers:
+        t.start()
+    for t in callers:
+        t.join()
+    grown = _helpers()
+    assert kept <= grown and len(grown) <= 64
+    for _ in range(50):
+        call(8)
+    assert _helpers() == grown
+
+
+def test_read_files_on_threads_works_in_a_forked_child(tmp_path: Path) -> None:
+    """A child forked while the parent's helpers wait has none of them (a
+    fork copies only the calling thread): its calls start their own."""
+    from kvstore_tiers.backends.fs import _fsio
+
+    for i in range(8):
+        (tmp_path / f"{i}").write_bytes(b"x" * (i + 1))
+    items = [(str(tmp_path / f"{i}"), [bytearray(16)], 0) for i in range(8)]
+    assert _fsio.read_files(items, 8) == [(i + 1, i + 1) for i in range(8)]
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        signal.alarm(20)  # a deadlocked child fails the test rather than hanging it
+        ok = _fsio.read_files(items, 8) == [(i + 1, i + 1) for i in range(8)]
+        os._exit(0 if ok else 3)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _fsio.read_files(items, 8) == [(i + 1, i + 1) for i in range(8)]
+
+
 def test_read_files_refuses_a_bad_batch_before_reading_any_of_it(io, tmp_path: Path) -> None:
     (tmp_path / "a").write_bytes(b"new")
     first = bytearray(b"old")
