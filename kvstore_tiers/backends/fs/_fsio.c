@@ -63,6 +63,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -638,12 +639,18 @@ helpers_start(int n)
         return;
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     pthread_attr_setstacksize(&attr, HELPER_STACK);
+    /* Helpers block every signal (they inherit the mask they are started
+     * with): a signal for the process goes to a thread that runs Python. */
+    sigset_t all, saved;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &saved);
     for (; n > 0 && pool.helpers < MAX_HELPERS; n--) {
         pthread_t t;
         if (pthread_create(&t, &attr, helper_main, NULL) != 0)
             break;
         pool.helpers++;
     }
+    pthread_sigmask(SIG_SETMASK, &saved, NULL);
     pthread_attr_destroy(&attr);
 }
 

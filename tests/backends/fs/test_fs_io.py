@@ -193,6 +193,11 @@ def test_read_files_keeps_its_helper_threads_across_calls(tmp_path: Path) -> Non
     call(8)
     kept = _helpers()
     assert len(kept) >= 7  # the other 7 of 8 threads, still there
+    for tid in kept:  # signals for the process go to a thread that runs Python
+        status = (Path("/proc/self/task") / tid / "status").read_text()
+        blocked = int(next(ln for ln in status.splitlines() if ln.startswith("SigBlk:"))
+                      .split()[1], 16)
+        assert all(blocked >> (sig - 1) & 1 for sig in (signal.SIGINT, signal.SIGTERM))
     for _ in range(200):
         call(8)
     assert _helpers() == kept  # the same threads: none started, none left
