@@ -379,7 +379,7 @@ class KVStoreTier(SecondaryTierManager):
         )
         if not is_load:
             # In the index at once (later stores of these keys skip), stored
-            # for lookups once the job's completion sets its ``done``; those
+            # for lookups once the job's completion sets its receipt; those
             # the policy did not admit leave it then.
             self.presence.update(keys, job.receipt)
         if job.deadline is not None:

@@ -19,9 +19,9 @@ PY="${PYTHON:-$ROOT/.venv/bin/python}"
 OUT="$(mkdir -p "${KVSTORE_AB_OUT:-bench-ab}" && cd "${KVSTORE_AB_OUT:-bench-ab}" && pwd)"
 bench() {  # bench CHECKOUT ARGS...: the CLI with that checkout's code first on the path
     local code="$1"; shift
-    # -P: without it `python -c` puts the current directory first on the
-    # path, and a checkout there would shadow PYTHONPATH's.
-    PYTHONPATH="$code" "$PY" -P -c 'import sys; from kvstore_tiers.cli import main; sys.argv[0] = "kvstore-tiers"; main()' bench "$@"
+    # `python -c` puts the current directory first on the path, where a
+    # checkout would shadow PYTHONPATH's: drop it (python -P needs 3.11).
+    PYTHONPATH="$code" "$PY" -c 'import sys; del sys.path[0]; from kvstore_tiers.cli import main; sys.argv[0] = "kvstore-tiers"; main()' bench "$@"
 }
 for ((i = 1; i <= ROUNDS; i++)); do
     if ((i % 2)); then order="A B"; else order="B A"; fi

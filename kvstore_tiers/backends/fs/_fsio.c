@@ -565,6 +565,7 @@ typedef struct Gang {
     Py_ssize_t next;   /* the next item to take (atomic) */
     int wanted;        /* helpers still to join it (under pool.lock) */
     int working;       /* helpers reading it now (under pool.lock) */
+    int signalled;     /* idle helpers woken for it that have not joined one yet */
     pthread_cond_t done; /* signalled when working drops to 0 */
     struct Gang *later;  /* the next gang wanting helpers */
 } Gang;
@@ -581,8 +582,10 @@ static struct {
     pthread_cond_t wake;
     Gang *wanting;     /* gangs wanting helpers, oldest first */
     int helpers, idle;
+    int starting;      /* helpers started that have not yet looked for work */
+    int pending;       /* the sum of ``signalled`` over the calls reading */
     int active_calls;  /* calls of read_files now reading: they share ``threads`` */
-} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0};
+} pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, NULL, 0, 0, 0, 0, 0};
 
 static void
 gang_work(Gang *g)
@@ -607,8 +610,8 @@ static void *
 helper_main(void *arg)
 {
     (void)arg;
-    pthread_setname_np(pthread_self(), "kvstore-fsio"); /* as top and py-spy show it */
     pthread_mutex_lock(&pool.lock);
+    pool.starting--;
     for (;;) {
         Gang *g = pool.wanting;
         if (g == NULL) {
@@ -619,6 +622,10 @@ helper_main(void *arg)
         }
         if (--g->wanted == 0)
             pool.wanting = g->later;
+        if (g->signalled > 0) { /* one of those woken for it, or so counted */
+            g->signalled--;
+            pool.pending--;
+        }
         g->working++;
         pthread_mutex_unlock(&pool.lock);
         gang_work(g);
@@ -648,7 +655,11 @@ helpers_start(int n)
         pthread_t t;
         if (pthread_create(&t, &attr, helper_main, NULL) != 0)
             break;
+#ifdef __linux__
+        pthread_setname_np(t, "kvstore-fsio"); /* as top and py-spy show it */
+#endif
         pool.helpers++;
+        pool.starting++;
     }
     pthread_sigmask(SIG_SETMASK, &saved, NULL);
     pthread_attr_destroy(&attr);
@@ -673,10 +684,10 @@ pool_parent(void)
 static void
 pool_child(void)
 {
-    pthread_mutex_init(&pool.lock, NULL);
     pthread_cond_init(&pool.wake, NULL);
     pool.wanting = NULL;
-    pool.helpers = pool.idle = pool.active_calls = 0;
+    pool.helpers = pool.idle = pool.starting = pool.pending = pool.active_calls = 0;
+    pthread_mutex_unlock(&pool.lock); /* held by this thread since pool_prepare */
 }
 
 /* Read every item of ``g`` on up to ``threads`` threads: the caller's and
@@ -693,17 +704,25 @@ gang_run(Gang *g, int threads)
     if (want > g->count)
         want = g->count;
     g->wanted = (int)(want > 1 ? want - 1 : 0);
-    g->working = 0;
+    g->working = g->signalled = 0;
     g->later = NULL;
     if (g->wanted > 0) {
         Gang **tail = &pool.wanting;
         while (*tail != NULL)
             tail = &(*tail)->later;
         *tail = g;
-        if (g->wanted > pool.idle)
-            helpers_start(g->wanted - pool.idle);
-        for (int i = 0; i < g->wanted; i++)
+        /* Idle helpers already signalled for another call are not free;
+         * those still starting will look at the list: start as many new
+         * ones as the free ones fall short by. */
+        int ready = pool.idle + pool.starting;
+        int free_idle = ready > pool.pending ? ready - pool.pending : 0;
+        int wake = g->wanted < free_idle ? g->wanted : free_idle;
+        if (g->wanted > wake)
+            helpers_start(g->wanted - wake);
+        for (int i = 0; i < wake; i++)
             pthread_cond_signal(&pool.wake);
+        g->signalled = wake;
+        pool.pending += wake;
     }
     pthread_mutex_unlock(&pool.lock);
 
@@ -711,6 +730,8 @@ gang_run(Gang *g, int threads)
 
     pthread_mutex_lock(&pool.lock);
     unlist(g); /* every item is taken: helpers that have not joined need not */
+    pool.pending -= g->signalled; /* those woken for it and late join a later call */
+    g->signalled = 0;
     while (g->working > 0)
         pthread_cond_wait(&g->done, &pool.lock);
     pool.active_calls--;
