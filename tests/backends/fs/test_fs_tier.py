@@ -361,8 +361,8 @@ def test_load_io_error_is_a_failed_key_not_an_exception(
     h.store_all(keys, rows)
     h.forget_primary()
 
-    def eio(items):
-        return [OSError(errno.EIO, "Input/output error", path) for path, _b, _f in items]
+    def eio(items, threads=1):
+        return [OSError(errno.EIO, "Input/output error", it[0]) for it in items]
 
     # A load batch is one compiled call (or its Python twin), which returns
     # each file's error: inject there.
