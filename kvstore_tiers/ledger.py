@@ -43,11 +43,10 @@ from kvstore_tiers.health import BreakerState, CircuitBreaker
 from kvstore_tiers.job import Job
 from kvstore_tiers.metrics import TierCounters, TierMetrics
 from kvstore_tiers.outcome import Summary, expire, summarise
-from kvstore_tiers.presence import DONE, PresenceIndex
+from kvstore_tiers.presence import PresenceIndex, settle
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
 logger = logging.getLogger("kvstore_tiers.tier")
-_ABSENT = object()
 
 #: Evicted keys the presence index forgets per get_finished_jobs.
 FORGET_PER_POLL = 256
@@ -127,10 +126,10 @@ class Ledger:
         presence, events = self.presence, self.events
         held: list[bytes] = []
         for k in [evicted.popleft() for _ in range(min(len(evicted), FORGET_PER_POLL))]:
-            receipt = presence.pop(k, _ABSENT)
-            if events is None or receipt is _ABSENT:
+            was_stored = presence.forget(k)
+            if events is None or was_stored is None:
                 continue
-            if receipt is None or receipt[0] == DONE:
+            if was_stored:
                 held.append(k)
             else:
                 self._evicted_in_flight.add(k)
@@ -193,7 +192,8 @@ class Ledger:
             self._apply_load(job, s)
         else:
             self._apply_store(job, s)
-            if not result.success:  # as the breaker counts it: cancelled ones neither way
+            if s.bad:  # failed (result.success is not s.bad, cold by now): as the breaker
+                # counts it, cancelled ones neither way
                 self._failed_store(False if answered else (True if s.transient else None))
         return result
 
@@ -244,7 +244,7 @@ class Ledger:
         # No per-key work for stored keys: their receipt makes all of them
         # stored; failed and not admitted ones are forgotten.
         receipt = job.receipt
-        receipt[0] = DONE
+        settle(receipt)
         c = self.counters
         c.objects_skipped += s.existed
         c.objects_stored += s.written

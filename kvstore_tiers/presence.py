@@ -16,10 +16,10 @@ A key's value says what is known of it:
   the backend's existence check found);
 * a :class:`StoreReceipt` (``Job.receipt``): written by one store job of
   this process, and stored once that job's completion has been reported
-  (``receipt[0] == DONE``).
+  (:func:`settle`).
 
 Why receipts: a store job puts its keys here once, at submit, all pointing
-at one receipt; when it completes, setting the receipt's byte makes all of
+at one receipt; when it completes, settling the receipt makes all of
 them stored at once. Completing a job therefore costs the scheduler thread
 nothing per key (the keys' hash slots, cold in cache by then, are only
 touched again for a failed key or one the admission policy did not write),
@@ -59,19 +59,28 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable, Sequence
 
-#: Shared by the keys of one store job: one byte, 0 while the job is in
-#: flight, :data:`DONE` once its completion is reported (:func:`new_receipt`).
-#: Its own object rather than the job, which holds keys and outcomes the
-#: index has no use for; a bytearray because the cyclic GC does not track
-#: one, so making it on vLLM's scheduler thread does not bring the next GC
-#: pass closer (tests/backends/fs/test_fs_tier.py counts what a submit adds).
+#: Shared by the keys of one store job: empty while the job is in flight,
+#: one byte once its completion is reported (:func:`settle`), so that
+#: :meth:`PresenceIndex.stored` tells the two apart by truth value, as
+#: cheaply as reading a slot. Its own object rather than the job, which
+#: holds keys and outcomes the index has no use for; a bytearray because the
+#: cyclic GC does not track one, so making it on vLLM's scheduler thread
+#: does not bring the next GC pass closer (tests/backends/fs/test_fs_tier.py
+#: counts what a submit adds).
 StoreReceipt = bytearray
-DONE = 1
+
+#: What a key the index does not hold reads as: a receipt never settled.
+_NOT_HELD: StoreReceipt = bytearray()
 
 
 def new_receipt() -> StoreReceipt:
     """A receipt for a store job about to be submitted (in flight)."""
-    return bytearray(1)
+    return bytearray()
+
+
+def settle(receipt: StoreReceipt) -> None:
+    """The receipt's job completed: its keys are stored (idempotent)."""
+    receipt[:] = b"\x01"
 
 
 class PresenceIndex(dict[bytes, StoreReceipt | None]):
@@ -82,8 +91,12 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
 
     def stored(self, key: bytes) -> bool:
         """True if ``key`` is known to be stored (not merely in flight)."""
-        value = self.get(key, self)  # ``self``: a sentinel no value can be
-        return value is None or (value is not self and value[0] == DONE)  # type: ignore[index]
+        value = self.get(key, _NOT_HELD)
+        # Branches, not ``return value is None or bool(value)``: on every
+        # lookup, one builtin call less (measured as fast as reading a slot).
+        if value is None or value:  # noqa: SIM103 - found, or a settled receipt
+            return True
+        return False
 
     def add(self, key: bytes) -> None:
         """Remember ``key`` as stored."""
@@ -123,6 +136,14 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
 
     def discard(self, key: bytes) -> None:
         self.pop(key, None)
+
+    def forget(self, key: bytes) -> bool | None:
+        """Drop ``key``; whether it was stored (True), in flight (False) or
+        not held at all (None)."""
+        value = self.pop(key, self)
+        if value is self:
+            return None
+        return value is None or len(value) > 0
 
     def discard_receipt(self, keys: Iterable[bytes], receipt: StoreReceipt) -> None:
         """Forget those of ``keys`` that still point at ``receipt`` (their store

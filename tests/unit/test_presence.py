@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 from kvstore_tiers.admin.harness import make_keys
-from kvstore_tiers.presence import DONE, PresenceIndex, new_receipt
+from kvstore_tiers.presence import PresenceIndex, new_receipt, settle
 
 
-def test_keys_of_a_store_are_in_flight_until_its_receipt_is_done() -> None:
+def test_keys_of_a_store_are_in_flight_until_its_receipt_is_settled() -> None:
     idx = PresenceIndex(100)
     keys = make_keys(4)
     receipt = new_receipt()
     idx.update(keys, receipt)
     assert all(k in idx for k in keys)  # a second store of them is skipped
     assert not any(idx.stored(k) for k in keys)  # but lookups do not hit yet
-    receipt[0] = DONE
+    settle(receipt)
+    settle(receipt)  # idempotent
     assert all(idx.stored(k) for k in keys)
     assert not idx.stored(b"unknown")
+    assert not new_receipt()  # every receipt starts unsettled
 
 
 def test_a_failed_store_forgets_only_keys_still_owned_by_its_receipt() -> None:
@@ -27,6 +29,21 @@ def test_a_failed_store_forgets_only_keys_still_owned_by_its_receipt() -> None:
     idx.discard_receipt(keys, first)
     assert keys[0] not in idx and keys[1] not in idx
     assert idx.get(keys[2]) is second
+
+
+def test_forget_says_whether_a_key_was_stored_in_flight_or_not_held() -> None:
+    idx = PresenceIndex(100)
+    found, done, pending = make_keys(3)
+    receipt, open_receipt = new_receipt(), new_receipt()
+    idx.add(found)
+    idx.update([done], receipt)
+    idx.update([pending], open_receipt)
+    settle(receipt)
+    assert idx.forget(found) is True
+    assert idx.forget(done) is True
+    assert idx.forget(pending) is False
+    assert idx.forget(found) is None  # no longer held
+    assert not idx
 
 
 def test_keys_added_as_found_are_stored_at_once() -> None:
