@@ -157,8 +157,8 @@ class Job(PoolJob):
     """
 
     __slots__ = ("cids", "ctx", "deadline", "declined", "expired", "fills", "is_load", "keys",
-                 "landed", "lock", "outcomes", "receipt", "reported", "req_id", "stored_bytes",
-                 "submit_time", "summary")
+                 "landed", "lock", "offered", "outcomes", "receipt", "reported", "req_id",
+                 "stored_bytes", "submit_time", "summary")
 
     def __init__(
         self, ctx: TransferContext, job_id: int, *, is_load: bool, req_id: str,
@@ -166,6 +166,8 @@ class Job(PoolJob):
         batch: int,
     ) -> None:
         PoolJob.__init__(self, job_id, len(keys), batch)  # not super(): one object less
+        #: The blocks submitted (for a store, admitted or not): n_slots before narrowing.
+        self.offered = self.n_slots
         self.ctx = ctx
         self.is_load = is_load
         self.req_id = req_id
@@ -231,11 +233,6 @@ class Job(PoolJob):
         self.keys = [k for k, c in zip(keys, chosen, strict=True) if c]
         self.cids = [r for r, c in zip(self.cids, chosen, strict=True) if c]
         self.narrow(len(self.keys))
-
-    @property
-    def offered(self) -> int:
-        """Stores: the blocks vLLM offered (admitted or not)."""
-        return self.n_slots + len(self.declined)
 
     def run(self, codec: FrameCodec, start: int, stop: int) -> None:
         if start == stop:  # a store job the policy admitted none of

@@ -187,6 +187,12 @@ class IOPool:
         self._ctx_factory = ctx_factory
         #: Jobs whose last slot finished; appended by workers, popped by the owner.
         self.finished: deque[PoolJob] = deque()
+        #: Jobs the owner is done with (it appends them after reporting them):
+        #: a worker drops them once its next batch is accounted, so that their
+        #: deallocation (job, summary, lists: about as much as the rest of a
+        #: job's completion) does not run on vLLM's scheduler thread. The last
+        #: ones wait for the next batch, or for the pool to go.
+        self.retired: deque[PoolJob] = deque()
         self._threads = [
             threading.Thread(
                 target=self._worker, args=(group,), name=f"{name}_{kind}{i}", daemon=True
@@ -344,6 +350,7 @@ class IOPool:
 
     def _worker(self, group: _Group) -> None:
         ctx = self._ctx_factory()
+        retired = self.retired
         while (work := self._take(group)) is not None:
             job, start, stop = work
             t0 = time.monotonic()
@@ -354,3 +361,6 @@ class IOPool:
                 logger.exception("kvstore tier: I/O job raised")
                 job.cancel(start, stop)
             self._account(job, stop - start, time.monotonic() - t0)
+            del job
+            if retired:
+                retired.clear()

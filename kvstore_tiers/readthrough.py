@@ -168,7 +168,7 @@ class Intake:
         and ``dropped`` of them were not cached (a reused row, a drain, a full
         pool queue: counted in ``read_through_dropped``)."""
         with self._lock:
-            self._pending -= job.n_offered * self.row_bytes
+            self._pending -= job.offered * self.row_bytes
             self._counters.read_through_dropped += dropped
 
     def drain(self) -> None:
@@ -223,7 +223,7 @@ class FillJob(Job):
     ``rows_of[cids[s]]``, noted with ``marks[cids[s]]`` (positions survive the
     narrowing of :meth:`keep` and of admission)."""
 
-    __slots__ = ("generation", "intake", "marks", "n_offered", "primary", "reused", "rows_of")
+    __slots__ = ("generation", "intake", "marks", "primary", "reused", "rows_of")
 
     def __init__(self, ctx: TransferContext, intake: Intake, keys: list[bytes],
                  cids: list[int], marks: list[Mark], batch: int) -> None:
@@ -232,7 +232,7 @@ class FillJob(Job):
                          is_load=False, req_id="", keys=keys, cids=list(range(n)),
                          submit_time=time.monotonic(), deadline=None, batch=batch)
         self.intake, self.primary, self.rows_of, self.marks = intake, ctx.rows, cids, marks
-        self.n_offered, self.generation = n, intake.generation
+        self.generation = intake.generation  # offered: n, the blocks before keep()
         self.reused: list[int] = []  # slots whose row no longer held the block loaded
 
     def keep(self, keys: list[bytes]) -> None:

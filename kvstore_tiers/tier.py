@@ -206,14 +206,16 @@ class KVStoreTier(SecondaryTierManager):
                 readthrough.fill_jobs(self.intake, self.presence, self.pool)
             while self._ready:
                 results.append(self._ready.popleft())
-            finished = self.pool.finished
+            finished, retired = self.pool.finished, self.pool.retired
             while finished:
                 job = finished.popleft()
-                if isinstance(job, readthrough.FillJob):
-                    self._ledger.filled(job)
-                    continue
-                if not isinstance(job, Job) or job.reported:
-                    continue  # a background touch, or a job already failed at its deadline
+                retired.append(job)  # deallocated on an I/O thread, not this one
+                if type(job) is not Job:  # not isinstance(): vLLM's jobs take one check
+                    if isinstance(job, readthrough.FillJob):
+                        self._ledger.filled(job)
+                    continue  # a fill, or a background touch
+                if job.reported:
+                    continue  # a job already failed at its deadline
                 if job.deadline is not None:
                     self._deadlined.pop(job.job_id, None)
                 elif not job.is_load:

@@ -285,3 +285,33 @@ def test_shutdown_stops_a_polling_worker() -> None:
     pool.shutdown()
     assert not [t for t in threading.enumerate() if t.name.startswith("kvstore_poll")]
 
+
+
+class _Mortal(_Job):
+    """Records the thread that deallocates it."""
+
+    def __init__(self, job_id: int, died_on: list[str]) -> None:
+        super().__init__(job_id, ["x"], [])
+        self.died_on = died_on
+
+    def __del__(self) -> None:
+        self.died_on.append(threading.current_thread().name)
+
+
+def test_retired_jobs_are_deallocated_by_a_worker_not_the_owner() -> None:
+    pool = IOPool(1, 1, 100, ctx_factory=lambda: None, name="retire_io")
+    died_on: list[str] = []
+    try:
+        assert pool.submit(_Mortal(1, died_on), is_load=True)
+        pool.wait_idle()
+        pool.retired.append(pool.finished.popleft())  # reported: handed back
+        assert died_on == []  # the pool holds it until a worker's next batch
+        assert pool.submit(_Job(2, ["next"], []), is_load=True)
+        pool.wait_idle()
+        deadline = time.monotonic() + 10
+        while not died_on and time.monotonic() < deadline:
+            time.sleep(0.001)  # the worker clears it after accounting its batch
+        assert died_on and died_on[0].startswith("retire_io_")
+        assert not pool.retired
+    finally:
+        pool.shutdown()
