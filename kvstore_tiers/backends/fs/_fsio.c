@@ -665,10 +665,12 @@ helpers_start(int n)
     pthread_attr_destroy(&attr);
 }
 
-/* A forked child has none of the parent's helpers (only the forking thread
- * survives a fork), and pool.lock was held across the fork by pool_prepare:
- * start afresh. Gangs listed in the parent belong to threads the child does
- * not have. */
+/* The pool across fork(), registered with pthread_atfork: the forking
+ * thread holds pool.lock through the fork (pool_prepare), so that the child
+ * never inherits it mid-update; the parent then releases it (pool_parent).
+ * A forked child has none of the parent's helpers (only the forking thread
+ * survives a fork), so pool_child starts the pool afresh: gangs listed in the
+ * parent belong to threads the child does not have. */
 static void
 pool_prepare(void)
 {
