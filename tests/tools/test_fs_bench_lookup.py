@@ -33,8 +33,9 @@ def test_a_load_round_promotes_each_request_as_one_job(tmp_path, monkeypatch, ki
         return h
 
     monkeypatch.setattr(fs_bench, "build_harness", build)
-    _gbps, keys, _cpu = fs_bench.store_round(kind, tmp_path, 64 * 1024, 32, 4, seed=1)
+    _gbps, keys, _cpu, _io_cpu = fs_bench.store_round(kind, tmp_path, 64 * 1024, 32, 4, seed=1)
     assert sizes == []
-    _gbps, _steps, lookup_steps, _cpu = fs_bench.load_round(kind, tmp_path, 64 * 1024, keys, 4)
+    _gbps, _steps, lookup_steps, _cpu, _io_cpu = fs_bench.load_round(
+        kind, tmp_path, 64 * 1024, keys, 4)
     assert sorted(sizes) == [8, 8, 8, 8]
     assert lookup_steps <= 10

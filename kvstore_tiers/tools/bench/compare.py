@@ -32,6 +32,8 @@ def figures(result: dict[str, Any]) -> Iterator[tuple[str, float, bool]]:
         for op in ("store", "load"):
             if f"kvstore_{op}_cpu_s_per_gb" in r:
                 yield f"{cell} {op} CPU s/GB", r[f"kvstore_{op}_cpu_s_per_gb"], False
+            if f"kvstore_{op}_io_cpu_s_per_gb" in r:
+                yield f"{cell} {op} I/O CPU s/GB", r[f"kvstore_{op}_io_cpu_s_per_gb"], False
     for method, d in (fs.get("scheduler_gc_random_phase") or {}).get("kvstore", {}).items():
         yield f"fs scheduler {method} p99 us", d["p99_us"], False
     b = (result.get("redis") or {}).get("bandwidth") or {}

@@ -28,12 +28,14 @@ def process_cpu_s() -> float:
 
 
 class CpuClock:
-    """Process CPU seconds from construction to :meth:`per_gb`."""
+    """Process CPU seconds from construction to :meth:`per_gb`; also, with
+    :meth:`others_per_gb`, those of every thread but the one that made it."""
 
-    __slots__ = ("_t0",)
+    __slots__ = ("_own0", "_t0")
 
     def __init__(self) -> None:
         self._t0 = process_cpu_s()
+        self._own0 = time.thread_time()
 
     def seconds(self) -> float:
         return process_cpu_s() - self._t0
@@ -41,6 +43,16 @@ class CpuClock:
     def per_gb(self, nbytes: int) -> float:
         """CPU seconds so far per GB (1e9 bytes) of ``nbytes`` moved."""
         return self.seconds() / (nbytes / GB)
+
+    def others_per_gb(self, nbytes: int) -> float:
+        """As :meth:`per_gb`, less the calling thread's own CPU (call it on the
+        thread that made the clock). For a bench whose driving thread plays
+        vLLM's scheduler loop: that loop polls every step whatever the tier,
+        so its CPU grows with wall time, not with the bytes moved (on a disk,
+        whose speed varies by tens of percent between rounds, it swamps the
+        tier's own cost); what is left is the tier's I/O threads."""
+        own = time.thread_time() - self._own0
+        return (self.seconds() - own) / (nbytes / GB)
 
 
 def memcpy_gbps(src: np.ndarray, dst: np.ndarray, repeats: int = 5) -> float:

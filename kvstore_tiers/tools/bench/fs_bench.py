@@ -159,9 +159,9 @@ def _settle(h: Harness) -> None:
 
 
 def store_round(kind: str, root: Path, chunk: int, n: int, n_req: int, seed: int
-                ) -> tuple[float, list[bytes], float]:
-    """(GB/s, keys, process CPU s per GB) of cascading ``n`` chunks (split over
-    ``n_req`` requests) to the tier."""
+                ) -> tuple[float, list[bytes], float, float]:
+    """(GB/s, keys, process CPU s per GB, the same less the scheduler loop's
+    thread) of cascading ``n`` chunks (split over ``n_req`` requests) to the tier."""
     h = build_harness([_tier_cfg(kind, root)], num_chunks=n, chunk_bytes=chunk)
     try:
         keys = make_keys(n, seed=seed)
@@ -187,18 +187,19 @@ def store_round(kind: str, root: Path, chunk: int, n: int, n_req: int, seed: int
                 h.manager.complete_store([keys[i] for i in g], c)
         _settle(h)
         dt, cpu_per_gb = time.perf_counter() - t0, cpu.per_gb(n * chunk)
+        io_cpu_per_gb = cpu.others_per_gb(n * chunk)
         for c in ctxs:
             h.finish_request(c)
-        return n * chunk / dt / 1e9, keys, cpu_per_gb
+        return n * chunk / dt / 1e9, keys, cpu_per_gb, io_cpu_per_gb
     finally:
         h.shutdown()
 
 
 def load_round(kind: str, root: Path, chunk: int, keys: list[bytes], n_req: int
-               ) -> tuple[float, int, int, float]:
+               ) -> tuple[float, int, int, float, float]:
     """(GB/s, scheduler steps from first lookup to all HIT, steps until no
-    RETRY, process CPU s per GB) of a fresh engine promoting ``keys`` (split
-    over ``n_req`` requests)."""
+    RETRY, process CPU s per GB, the same less the scheduler loop's thread)
+    of a fresh engine promoting ``keys`` (split over ``n_req`` requests)."""
     n = len(keys)
     h = build_harness([_tier_cfg(kind, root)], num_chunks=n, chunk_bytes=chunk)
     try:
@@ -207,9 +208,10 @@ def load_round(kind: str, root: Path, chunk: int, keys: list[bytes], n_req: int
         t0, cpu = time.perf_counter(), CpuClock()
         _lookup_steps, steps = promote_all(h, reqs)
         dt, cpu_per_gb = time.perf_counter() - t0, cpu.per_gb(n * chunk)
+        io_cpu_per_gb = cpu.others_per_gb(n * chunk)
         for ctx, _ks in reqs:
             h.finish_request(ctx)
-        return n * chunk / dt / 1e9, steps, _lookup_steps, cpu_per_gb
+        return n * chunk / dt / 1e9, steps, _lookup_steps, cpu_per_gb, io_cpu_per_gb
     finally:
         h.shutdown()
 
@@ -222,20 +224,22 @@ def throughput_row(directory: Path, chunk: int, n: int, n_req: int, rounds: int,
     ``disk``'s (the same run's O_DIRECT figures) read and write."""
     per: dict[str, dict[str, list[float]]] = {
         k: {"store": [], "load": [], "steps": [], "lookup_steps": [], "store_cpu": [],
-            "load_cpu": []} for k in TIERS}
+            "load_cpu": [], "store_io_cpu": [], "load_io_cpu": []} for k in TIERS}
     for r in range(rounds):
         for kind in (TIERS if r % 2 == 0 else reversed(list(TIERS))):
             root = Path(tempfile.mkdtemp(prefix=f"bench-{kind}-", dir=directory))
             try:
-                gbps, keys, cpu = store_round(kind, root, chunk, n, n_req, seed=r)
+                gbps, keys, cpu, io_cpu = store_round(kind, root, chunk, n, n_req, seed=r)
                 per[kind]["store"].append(gbps)
                 per[kind]["store_cpu"].append(cpu)
+                per[kind]["store_io_cpu"].append(io_cpu)
                 # Let the store's write-back finish before the load
                 # window opens, whichever tier just wrote.
                 os.sync()
-                gbps, steps, lsteps, cpu = load_round(kind, root, chunk, keys, n_req)
+                gbps, steps, lsteps, cpu, io_cpu = load_round(kind, root, chunk, keys, n_req)
                 per[kind]["load"].append(gbps)
                 per[kind]["load_cpu"].append(cpu)
+                per[kind]["load_io_cpu"].append(io_cpu)
                 per[kind]["steps"].append(steps)
                 per[kind]["lookup_steps"].append(lsteps)
             finally:
@@ -246,6 +250,7 @@ def throughput_row(directory: Path, chunk: int, n: int, n_req: int, rounds: int,
         for op in ("store", "load"):
             row[f"{kind}_{op}_gbps"] = statistics.median(per[kind][op])
             row[f"{kind}_{op}_cpu_s_per_gb"] = statistics.median(per[kind][f"{op}_cpu"])
+            row[f"{kind}_{op}_io_cpu_s_per_gb"] = statistics.median(per[kind][f"{op}_io_cpu"])
         row[f"{kind}_steps_to_hit"] = int(statistics.median(per[kind]["steps"]))
         row[f"{kind}_lookup_steps"] = int(statistics.median(per[kind]["lookup_steps"]))
     for op in ("store", "load"):
