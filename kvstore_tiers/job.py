@@ -184,7 +184,7 @@ class Job(PoolJob):
         self.expired = False
         self.reported = False
         self.summary: Summary | None = None
-        #: Stores: the presence index's receipt for its keys (done once reported).
+        #: Stores: the presence index's receipt for its keys (settled once reported).
         self.receipt = None if is_load else new_receipt()
         #: Stores: the keys the admission policy did not admit (set by start()).
         self.declined: list[bytes] | tuple[()] = ()

@@ -192,8 +192,9 @@ class Ledger:
             self._apply_load(job, s)
         else:
             self._apply_store(job, s)
-            if s.bad:  # failed (result.success is not s.bad, cold by now): as the breaker
-                # counts it, cancelled ones neither way
+            # s.bad: what result.success says, without touching the JobResult
+            # (cold by now). As the breaker counts it: cancelled ones neither way.
+            if s.bad:
                 self._failed_store(False if answered else (True if s.transient else None))
         return result
 

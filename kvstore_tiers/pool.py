@@ -277,6 +277,7 @@ class IOPool:
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join()
+        self.retired.clear()
 
     # -- internals ---------------------------------------------------------------
     def _account(self, job: PoolJob, n: int, elapsed: float) -> None:
@@ -361,6 +362,6 @@ class IOPool:
                 logger.exception("kvstore tier: I/O job raised")
                 job.cancel(start, stop)
             self._account(job, stop - start, time.monotonic() - t0)
-            del job
+            del job, work  # a finished job's last reference may be the owner's
             if retired:
                 retired.clear()

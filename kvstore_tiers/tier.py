@@ -209,11 +209,13 @@ class KVStoreTier(SecondaryTierManager):
             finished, retired = self.pool.finished, self.pool.retired
             while finished:
                 job = finished.popleft()
-                retired.append(job)  # deallocated on an I/O thread, not this one
-                if type(job) is not Job:  # not isinstance(): vLLM's jobs take one check
+                retired.append(job)  # freed by an I/O thread's next batch, not this thread
+                if type(job) is not Job:  # not isinstance() first: vLLM's jobs take one check
                     if isinstance(job, readthrough.FillJob):
                         self._ledger.filled(job)
-                    continue  # a fill, or a background touch
+                        continue
+                    if not isinstance(job, Job):
+                        continue  # a background touch
                 if job.reported:
                     continue  # a job already failed at its deadline
                 if job.deadline is not None:
@@ -228,6 +230,7 @@ class KVStoreTier(SecondaryTierManager):
                     self._log.exception("kvstore tier %s: completing job %d failed; reporting "
                                      "it failed", self.tier_type, job.job_id)
                     results.append(self._ledger.failed(job))
+            job = None  # this frame's reference too: the pool's is the last
             if self._deadlined:
                 now = time.monotonic()
                 for job in [j for j in self._deadlined.values() if now > (j.deadline or now)]:
@@ -381,7 +384,7 @@ class KVStoreTier(SecondaryTierManager):
         )
         if not is_load:
             # In the index at once (later stores of these keys skip), stored
-            # for lookups once the job's completion sets its receipt; those
+            # for lookups once the job's completion settles its receipt; those
             # the policy did not admit leave it then.
             self.presence.update(keys, job.receipt)
         if job.deadline is not None:
