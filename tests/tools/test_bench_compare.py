@@ -46,3 +46,16 @@ def test_b_twice_as_fast_and_half_the_time_is_2x(tmp_path: Path) -> None:
     assert "aaaa" in cli.output and "bbbb" in cli.output and "4 rounds" in cli.output
     saved = json.loads((tmp_path / "compare.json").read_text())
     assert saved["rounds"] == 4 and len(saved["figures"]) == 3
+
+
+def test_cpu_per_gb_cells_are_compared_as_costs(tmp_path: Path) -> None:
+    for i in range(1, 3):
+        for side, cost in (("A", 0.4), ("B", 0.2)):
+            r = _result(1.0, 4.0, None, side.lower() * 4)
+            r["fs"]["throughput"][0].update({"kvstore_load_cpu_s_per_gb": cost,
+                                             "kvstore_load_io_cpu_s_per_gb": cost / 2})
+            _write(tmp_path, i, side, r)
+    rows = {r["figure"]: r for r in compare(*load_rounds(tmp_path))}
+    # Half the CPU per GB is twice as good, in both figures.
+    assert math.isclose(rows["fs 256 KiB x1 load CPU s/GB"]["x"], 2.0)
+    assert math.isclose(rows["fs 256 KiB x1 load I/O CPU s/GB"]["x"], 2.0)

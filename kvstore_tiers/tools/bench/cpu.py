@@ -29,7 +29,7 @@ def process_cpu_s() -> float:
 
 class CpuClock:
     """Process CPU seconds from construction to :meth:`per_gb`; also, with
-    :meth:`others_per_gb`, those of every thread but the one that made it."""
+    :meth:`split_per_gb`, those of every thread but the one that made it."""
 
     __slots__ = ("_own0", "_t0")
 
@@ -44,15 +44,17 @@ class CpuClock:
         """CPU seconds so far per GB (1e9 bytes) of ``nbytes`` moved."""
         return self.seconds() / (nbytes / GB)
 
-    def others_per_gb(self, nbytes: int) -> float:
-        """As :meth:`per_gb`, less the calling thread's own CPU (call it on the
-        thread that made the clock). For a bench whose driving thread plays
-        vLLM's scheduler loop: that loop polls every step whatever the tier,
-        so its CPU grows with wall time, not with the bytes moved (on a disk,
-        whose speed varies by tens of percent between rounds, it swamps the
-        tier's own cost); what is left is the tier's I/O threads."""
-        own = time.thread_time() - self._own0
-        return (self.seconds() - own) / (nbytes / GB)
+    def split_per_gb(self, nbytes: int) -> tuple[float, float]:
+        """(:meth:`per_gb`, the same less the calling thread's own CPU), from
+        one reading; call it on the thread that made the clock. For a bench
+        whose driving thread plays vLLM's scheduler loop: that loop polls
+        every 0.2-1 ms, so its CPU grows with wall time rather than with the
+        bytes moved (on a disk, whose speed varies by tens of percent between
+        rounds, it swamps the rest). What is left is the I/O threads; the
+        tier's own scheduler-side calls, which ran on the driving thread, are
+        left out with the loop (the bench times them on their own)."""
+        own, total = time.thread_time() - self._own0, self.seconds()
+        return total / (nbytes / GB), (total - own) / (nbytes / GB)
 
 
 def memcpy_gbps(src: np.ndarray, dst: np.ndarray, repeats: int = 5) -> float:

@@ -160,7 +160,7 @@ def _settle(h: Harness) -> None:
 
 def store_round(kind: str, root: Path, chunk: int, n: int, n_req: int, seed: int
                 ) -> tuple[float, list[bytes], float, float]:
-    """(GB/s, keys, process CPU s per GB, the same less the scheduler loop's
+    """(GB/s, keys, process CPU s per GB, the same less the driving (scheduler)
     thread) of cascading ``n`` chunks (split over ``n_req`` requests) to the tier."""
     h = build_harness([_tier_cfg(kind, root)], num_chunks=n, chunk_bytes=chunk)
     try:
@@ -186,8 +186,7 @@ def store_round(kind: str, root: Path, chunk: int, n: int, n_req: int, seed: int
             for g, c in zip(groups, ctxs, strict=True):
                 h.manager.complete_store([keys[i] for i in g], c)
         _settle(h)
-        dt, cpu_per_gb = time.perf_counter() - t0, cpu.per_gb(n * chunk)
-        io_cpu_per_gb = cpu.others_per_gb(n * chunk)
+        dt, (cpu_per_gb, io_cpu_per_gb) = time.perf_counter() - t0, cpu.split_per_gb(n * chunk)
         for c in ctxs:
             h.finish_request(c)
         return n * chunk / dt / 1e9, keys, cpu_per_gb, io_cpu_per_gb
@@ -198,7 +197,7 @@ def store_round(kind: str, root: Path, chunk: int, n: int, n_req: int, seed: int
 def load_round(kind: str, root: Path, chunk: int, keys: list[bytes], n_req: int
                ) -> tuple[float, int, int, float, float]:
     """(GB/s, scheduler steps from first lookup to all HIT, steps until no
-    RETRY, process CPU s per GB, the same less the scheduler loop's thread)
+    RETRY, process CPU s per GB, the same less the driving (scheduler) thread)
     of a fresh engine promoting ``keys`` (split over ``n_req`` requests)."""
     n = len(keys)
     h = build_harness([_tier_cfg(kind, root)], num_chunks=n, chunk_bytes=chunk)
@@ -207,8 +206,7 @@ def load_round(kind: str, root: Path, chunk: int, keys: list[bytes], n_req: int
         reqs = [(h.new_request(), keys[r * per:(r + 1) * per]) for r in range(n_req)]
         t0, cpu = time.perf_counter(), CpuClock()
         _lookup_steps, steps = promote_all(h, reqs)
-        dt, cpu_per_gb = time.perf_counter() - t0, cpu.per_gb(n * chunk)
-        io_cpu_per_gb = cpu.others_per_gb(n * chunk)
+        dt, (cpu_per_gb, io_cpu_per_gb) = time.perf_counter() - t0, cpu.split_per_gb(n * chunk)
         for ctx, _ks in reqs:
             h.finish_request(ctx)
         return n * chunk / dt / 1e9, steps, _lookup_steps, cpu_per_gb, io_cpu_per_gb

@@ -73,11 +73,11 @@ def _cpu_table(rows: list[dict[str, Any]], ref: dict[str, Any] | None) -> Any:
     from rich.table import Table
 
     t = Table(title="fs: process CPU seconds (user + system, every thread) per GB moved, "
-              "median of rounds, then the same less the bench's scheduler loop (its "
-              "thread polls every 0.2 ms whatever the tier); load GB/s as a fraction "
-              "of one thread's memcpy")
-    for col in ("chunk", "reqs", "store CPU s/GB ours", "vLLM", "less loop: ours", "vLLM",
-                "load CPU s/GB ours", "vLLM", "less loop: ours", "vLLM",
+              "median of rounds, then the same less the driving thread (the bench's "
+              "scheduler loop, polling every 0.2-1 ms, and the tiers' scheduler-side "
+              "calls); load GB/s as a fraction of one thread's memcpy")
+    for col in ("chunk", "reqs", "store CPU s/GB ours", "vLLM", "I/O threads: ours", "vLLM",
+                "load CPU s/GB ours", "vLLM", "I/O threads: ours", "vLLM",
                 "load/memcpy ours", "vLLM"):
         t.add_column(col, justify="right")
     memcpy = ref["memcpy_gbps"] if ref else None
