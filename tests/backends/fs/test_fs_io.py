@@ -15,9 +15,10 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -264,24 +265,63 @@ def test_read_files_checksums_the_buffer_it_was_asked_for_once_filled(tmp_path: 
 
     if not _fsio.CRC32C_INSN:
         pytest.skip("no CRC-32C instruction on this CPU: the frame checksums instead")
+    _check_read_checksums(tmp_path, crc32c.crc32c, _fsio)
     path = tmp_path / "f"
-    # From 3 x 8 KiB on, three streams run side by side and are joined.
-    span3 = 3 * 8192
-    for n in (0, 1, 7, 8, 9, 63, 4096, span3 - 1, span3, span3 + 1, 2 * span3 + 9, 100_003):
-        for skip in (0, 1, 3, 8):
-            data = os.urandom(skip + n)
-            path.write_bytes(data)
-            head = bytearray(skip)
-            body = memoryview(bytearray(n + skip))[skip:]  # the row at another alignment too
-            bufs = [head, body] if skip else [body]
-            (res,) = _fsio.read_files([(str(path), bufs, 0, len(bufs) - 1)])
-            assert res == (skip + n, skip + n, crc32c.crc32c(data[skip:])), (n, skip)
     path.write_bytes(b"x" * 100)
     rows = [bytearray(10), bytearray(200)]
     assert _fsio.read_files([(str(path), rows, 0, 0), (str(path), rows, 0, 1),
                              (str(path), rows, 0)]) == [
         (100, 100, crc32c.crc32c(b"x" * 10)), (100, 100, None), (100, 100)]
     assert fileio.read_files_py([(str(path), [bytearray(10)], 0, 0)]) == [(10, 100, None)]
+
+
+def _check_read_checksums(tmp_path: Path, crc: Callable[[bytes], int], _fsio: Any) -> None:
+    """Every length around the CRC's boundaries -- 8-byte words, the streams'
+    3 x 8 KiB, the fold's 256-byte steps, the 256 KiB pieces a read without
+    O_DIRECT checksums as they land -- at several alignments, with a header
+    buffer before the row and an overflow buffer after it that the file
+    fills partly or not at all; and files that end inside the row."""
+    path = tmp_path / "f"
+    span3, piece = 3 * 8192, 256 * 1024
+    lengths = (0, 1, 7, 8, 9, 63, 255, 256, 257, 4096, span3 - 1, span3, span3 + 1,
+               2 * span3 + 9, 100_003, piece - 1, piece, piece + 1, 2 * piece + 256 + 5,
+               2 << 20)
+    for n in lengths:
+        for skip in (0, 1, 3, 8):
+            for extra in (0, 5):  # the file's bytes past the row
+                data = os.urandom(skip + n + extra)
+                path.write_bytes(data)
+                body = memoryview(bytearray(n + skip))[skip:]  # the row at another alignment too
+                bufs = ([bytearray(skip)] if skip else []) + [body, bytearray(64)]
+                (res,) = _fsio.read_files([(str(path), bufs, 0, len(bufs) - 2)])
+                assert res == (len(data), len(data), crc(data[skip:skip + n])), (n, skip, extra)
+                assert bytes(body) == data[skip:skip + n]
+    for n, cut in ((2 << 20, 0), (2 << 20, 1), (2 << 20, piece), (2 << 20, piece + 3),
+                   (100_003, 100_002)):
+        path.write_bytes(os.urandom(cut))
+        (res,) = _fsio.read_files([(str(path), [bytearray(n), bytearray(64)], 0, 0)])
+        assert res == (cut, cut, None), (n, cut)
+
+
+def test_read_files_checksums_the_same_without_folding(tmp_path: Path) -> None:
+    """KVSTORE_TIERS_FS_CRC_FOLD=0: the three streams and one whole read, as
+    on a CPU without VPCLMULQDQ, give the same answers."""
+    pytest.importorskip("crc32c")
+    from kvstore_tiers.backends.fs import _fsio
+
+    if not _fsio.CRC32C_INSN:
+        pytest.skip("no CRC-32C instruction on this CPU: the frame checksums instead")
+    code = (
+        "import sys, pathlib, crc32c\n"
+        "from kvstore_tiers.backends.fs import _fsio\n"
+        "from tests.backends.fs.test_fs_io import _check_read_checksums\n"
+        "assert _fsio.CRC32C_INSN and not _fsio.CRC32C_FOLD\n"
+        "_check_read_checksums(pathlib.Path(sys.argv[1]), crc32c.crc32c, _fsio)\n")
+    env = {**os.environ, "KVSTORE_TIERS_FS_CRC_FOLD": "0"}
+    run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
+                         cwd=Path(__file__).parents[3], capture_output=True, text=True,
+                         timeout=120, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
 
 
 def test_read_files_refuses_a_crc_of_past_the_buffers(io, tmp_path: Path) -> None:
