@@ -4,7 +4,8 @@
   directory and renamed into place; readers never see a torn file, and
   concurrent writers of the same (content-addressed) key are harmless.
 * O_DIRECT where the filesystem accepts it (probed at startup; overlayfs,
-  tmpfs and NFS answer EINVAL, and we fall back to buffered I/O). Frames are
+  NFS and older tmpfs answer EINVAL, and we fall back to buffered I/O) and
+  is not memory itself (tmpfs, ramfs: buffered, so loads checksum while hot). Frames are
   written with a page-sized header so an uncompressed payload lands, page
   aligned, straight in the primary row with one ``readv`` (:mod:`.direct`).
 * Capacity: ``max_bytes`` and/or ``min_free_bytes``, enforced by
@@ -49,6 +50,7 @@ from kvstore_tiers.backends.fs.fileio import (
     ThreadPages,
     address,
     aligned,
+    in_memory,
     probe_o_direct,
 )
 from kvstore_tiers.backends.fs.layout import prepare_namespace_dir, walk_prefix
@@ -124,8 +126,11 @@ class FileSystemBackend(Backend):
         if self.swept_temp_files:
             logger.info("fs tier: removed %d temp files of killed writers (%d KiB) under %s",
                         self.swept_temp_files, swept_bytes >> 10, self.base)
-        self.use_o_direct = self.config.o_direct and probe_o_direct(str(self.base))
-        if self.config.o_direct and not self.use_o_direct:
+        memory = in_memory(str(self.base))
+        self.use_o_direct = self.config.o_direct and not memory and probe_o_direct(str(self.base))
+        if self.config.o_direct and memory:
+            logger.info("fs tier: %s is in memory (tmpfs or ramfs); using buffered I/O", self.root)
+        elif self.config.o_direct and not self.use_o_direct:
             logger.info("fs tier: O_DIRECT not supported under %s; using buffered I/O", self.root)
         if self.config.max_bytes is not None or self.config.min_free_bytes is not None:
             from kvstore_tiers.backends.fs.capacity import CapacityController

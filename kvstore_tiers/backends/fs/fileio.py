@@ -32,7 +32,8 @@ Primary rows are page aligned; a frame's header is written into, and read
 from, a page of the calling thread's own anonymous memory
 (:class:`ThreadPages`; mmap memory is page aligned), so a raw payload moves
 between the row and the disk with no copy. :func:`probe_o_direct` says
-whether a directory takes O_DIRECT.
+whether a directory takes O_DIRECT, :func:`in_memory` whether it would be
+any use there.
 
 :func:`publish_file` raises OSError with errno and the failing path, like ``os`` does. Each
 exists twice: compiled (``_fsio.c``, built by setup.py where a C compiler
@@ -50,6 +51,7 @@ import ctypes
 import errno
 import mmap
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Sequence
@@ -67,6 +69,7 @@ __all__ = [
     "aligned",
     "exists_files",
     "exists_files_py",
+    "in_memory",
     "probe_o_direct",
     "publish_file",
     "publish_file_py",
@@ -109,6 +112,33 @@ def address(buf: Buffer) -> int:
 def aligned(buf: Buffer) -> bool:
     """True if ``buf`` can be an O_DIRECT transfer: page-aligned length and address."""
     return len(buf) % PAGE == 0 and address(buf) % PAGE == 0
+
+
+#: statfs f_type of the filesystems whose files live in memory: tmpfs, ramfs.
+_MEMORY_FS = (0x01021994, 0x858458F6)
+
+
+def in_memory(directory: str) -> bool:
+    """True if ``directory`` is on tmpfs or ramfs (Linux's ``statfs``).
+
+    Their files are pages of memory: tmpfs accepts O_DIRECT (Linux 6.6 on)
+    but a read is still the kernel's copy from those pages, and a buffered
+    read lets the read call checksum each piece of a row while the copy has
+    it in cache. False wherever it cannot tell.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes; f_type leads
+    try:
+        if _libc().statfs(os.fsencode(directory), buf) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    return ctypes.c_long.from_buffer(buf).value in _MEMORY_FS
+
+
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 def probe_o_direct(directory: str) -> bool:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import errno
 import os
 import resource
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -206,6 +208,45 @@ def test_real_kv_blocks_roundtrip_with_every_codec(
         ctx = h.new_request()
         assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * len(keys)
         assert np.array_equal(h.load(keys, ctx), blocks), codec
+
+
+def _mount_type(path: Path) -> str:
+    """The type of the filesystem ``path`` is on, from /proc/self/mounts."""
+    best, kind = "", ""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _dev, point, fstype, *_ = line.split()
+        point = point.replace("\\040", " ")
+        if (str(path) + "/").startswith(point.rstrip("/") + "/") and len(point) >= len(best):
+            best, kind = point, fstype
+    return kind
+
+
+@pytest.mark.skipif(not Path("/proc/self/mounts").exists(), reason="no /proc/self/mounts")
+def test_a_root_dir_in_memory_is_read_buffered_so_rows_are_checksummed_as_they_land(
+    harness_factory, tmp_path
+) -> None:
+    # tmpfs takes O_DIRECT from Linux 6.6, but a read there is the kernel's
+    # copy all the same; buffered, the read call checksums each piece of a row
+    # while it is in cache. A disk keeps O_DIRECT where it takes it.
+    for root in (Path("/dev/shm"), tmp_path):
+        if not root.is_dir():
+            continue
+        memory = _mount_type(root.resolve()) in ("tmpfs", "ramfs")
+        assert fileio.in_memory(str(root)) == memory, root
+        sub = Path(tempfile.mkdtemp(dir=root))
+        try:
+            h = harness_factory([{"type": "fs", "root_dir": str(sub)}], chunk_bytes=ROW)
+            backend = h.tiers[0].backend
+            assert backend.use_o_direct == (not memory and fileio.probe_o_direct(str(sub)))
+            keys, rows = make_keys(4, seed=5), rows_like(4, ROW, seed=5)
+            h.store_all(keys, rows)
+            h.forget_primary()
+            ctx = h.new_request()
+            assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 4
+            assert np.array_equal(h.load(keys, ctx), rows)
+        finally:
+            shutil.rmtree(sub, ignore_errors=True)
+    assert not fileio.in_memory(str(tmp_path / "no such directory"))
 
 
 def test_second_manager_hits_what_the_first_stored(harness_factory, tmp_path) -> None:
