@@ -19,7 +19,7 @@
  *   64), with the GIL released once for all of them. Per item, in order: the
  *   bytes written (0: it existed) or the OSError it met, returned, not raised.
  *
- * read_files(items, threads=1) -> list
+ * read_files(items, threads=1, piece=0) -> list
  *
  *   For each (path, buffers, flags) of ``items`` (at most 64), with the GIL
  *   released once for all of them, on up to ``threads`` threads at once (the
@@ -28,7 +28,8 @@
  *   keeping at least its own):
  *   opens ``path`` read-only (O_CLOEXEC |
  *   ``flags``, e.g. O_DIRECT), reads it from offset 0 into ``buffers``
- *   (writable buffers, in order) with one vectored read and closes it. Per
+ *   (writable buffers, in order) with one vectored read (with ``piece``,
+ *   several: below) and closes it. Per
  *   item, in order: (n, size), the bytes read and the file's size, or the
  *   OSError it met, returned, not raised. The size is ``n`` when the read
  *   stopped short of filling the buffers (it met end of file); otherwise an
@@ -38,7 +39,12 @@
  *   buffer ``crc_of`` once the read has filled it, computed in the same
  *   GIL-free stretch: its result is (n, size, crc), crc None where the read
  *   stopped short of that buffer's end or the CPU has no CRC-32C
- *   instruction (the caller then checksums it itself).
+ *   instruction (the caller then checksums it itself). With ``piece`` > 0,
+ *   where the CPU folds the CRC (CRC32C_FOLD) and the item's flags lack
+ *   O_DIRECT, that buffer is read ``piece`` bytes at a time instead, each
+ *   checksummed as it lands (read_checksummed): for files in memory (tmpfs),
+ *   whose reads are the kernel's copy, so the checksum finds the bytes in
+ *   cache.
  *
  * exists_files(paths) -> list[bool]
  *
@@ -227,7 +233,9 @@ crc_streams(uint32_t c, const unsigned char *p, size_t n)
 }
 #endif
 
-#if defined(HAVE_CRC_INSN) && defined(__x86_64__)
+/* GCC 9 and clang 8 know the VPCLMULQDQ target and its CPU feature name. */
+#if defined(HAVE_CRC_INSN) && defined(__x86_64__) && \
+    ((defined(__clang__) && __clang_major__ >= 8) || (!defined(__clang__) && __GNUC__ >= 9))
 /* Where the CPU has VPCLMULQDQ and AVX-512, the CRC of long buffers is
  * computed by folding instead: carry-less multiplication moves 128-bit
  * blocks of the message forward, modulo the polynomial, onto later ones
@@ -294,8 +302,7 @@ crc_folded(uint32_t c, const unsigned char *p, size_t n)
                                  (long long)fold_256[1], (long long)fold_256[0],
                                  (long long)fold_256[1], (long long)fold_256[0]);
     /* The register is the message's first 32 bits XORed with it. */
-    __m512i a0 = _mm512_xor_si512(_mm512_loadu_si512(p),
-                                  _mm512_castsi128_si512(_mm_cvtsi32_si128((int)c)));
+    __m512i a0 = _mm512_xor_si512(_mm512_loadu_si512(p), _mm512_maskz_set1_epi32(1, (int)c));
     __m512i a1 = _mm512_loadu_si512(p + 64), a2 = _mm512_loadu_si512(p + 128),
             a3 = _mm512_loadu_si512(p + 192);
     for (p += 256, n -= 256; n; p += 256, n -= 256) {
@@ -566,6 +573,7 @@ typedef struct {
     off_t size;
     const char *failed;
     int crc_of;  /* reading: the buffer to checksum, -1 none */
+    size_t piece; /* reading: checksum crc_of piece by piece, 0 after the whole read */
     int has_crc; /* crc was computed */
     uint32_t crc;
 } Item;
@@ -635,16 +643,37 @@ items_free(Item *items, Py_ssize_t ready)
     PyMem_Free(items);
 }
 
-/* The piece a checksummed read moves at a time: a fraction of a core's
- * cache, so the checksum reads back what the kernel's copy just wrote. */
-#define CRC_PIECE (256 * 1024)
+/* preadv of all ``count`` buffers from ``at``, again after a short read
+ * until end of file: the bytes read, or -1 with errno set. */
+static ssize_t
+preadv_full(int fd, struct iovec *v, int count, off_t at)
+{
+    ssize_t total = 0;
+    while (count > 0) {
+        ssize_t r = preadv(fd, v, count, at + total);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            return -1;
+        if (r == 0)
+            break; /* end of file */
+        total += r;
+        for (; count > 0 && (size_t)r >= v->iov_len; count--, v++)
+            r -= (ssize_t)v->iov_len;
+        if (count > 0) {
+            v->iov_base = (char *)v->iov_base + r;
+            v->iov_len -= (size_t)r;
+        }
+    }
+    return total;
+}
 
-/* The read of an item that asks for a checksum, without O_DIRECT: the
- * kernel copies from the page cache, so the buffer is read in pieces of
- * CRC_PIECE, each checksummed while it is still in cache (one preadv per
- * piece; the buffers before crc_of go with the first, those after it with
- * the last). Sets it->n and, once the buffer is filled, it->crc; returns 0
- * or an errno. A piece's read that stops short has met the end of the file. */
+/* The read of an item that asks for a checksum piece by piece (see
+ * read_files above): buffer crc_of is read it->piece bytes at a time, each
+ * checksummed while the kernel's copy has left it in cache (the buffers
+ * before crc_of go with the first piece, those after it with the last).
+ * Sets it->n and, once the buffer is filled, it->crc; returns 0 or an
+ * errno. A piece that stops short has met the end of the file. */
 static int
 read_checksummed(int fd, Item *it)
 {
@@ -661,16 +690,13 @@ read_checksummed(int fd, Item *it)
         if (done == 0)
             for (; k < it->crc_of; k++)
                 before += (v[k] = b->iov[k]).iov_len;
-        size_t piece = row->iov_len - done < CRC_PIECE ? row->iov_len - done : CRC_PIECE;
+        size_t piece = row->iov_len - done < it->piece ? row->iov_len - done : it->piece;
         v[k].iov_base = (void *)(base + done);
         v[k++].iov_len = piece;
         int last = done + piece == row->iov_len;
         for (int i = it->crc_of + 1; last && i < b->count; i++)
             v[k++] = b->iov[i];
-        ssize_t r;
-        do {
-            r = preadv(fd, v, k, (off_t)it->n);
-        } while (r < 0 && errno == EINTR);
+        ssize_t r = preadv_full(fd, v, k, (off_t)it->n);
         if (r < 0)
             return errno;
         it->n += r;
@@ -704,12 +730,12 @@ read_item(Item *it)
         return;
     }
     int crc = it->crc_of >= 0 && crc_insn;
+    /* Without folding, checksumming pieces measured no gain; O_DIRECT moves
+     * the bytes without the cache, so pieces would only make the device's
+     * requests smaller. */
+    int hot = crc && crc_fold && it->piece > 0;
 #ifdef O_DIRECT
-    /* O_DIRECT moves the bytes without the cache: pieces would only make
-     * the device's requests smaller. */
-    int hot = crc && crc_fold && !(it->flags & O_DIRECT);
-#else
-    int hot = crc && crc_fold;
+    hot = hot && !(it->flags & O_DIRECT);
 #endif
     if (hot) {
         it->err = read_checksummed(fd, it);
@@ -927,7 +953,7 @@ gang_run(Gang *g, int threads)
 /* publish_files (reading 0) and read_files (reading 1): every item with the
  * GIL released once, then per item its result or its OSError, not raised. */
 static PyObject *
-run_items(PyObject *items_obj, int reading, int threads)
+run_items(PyObject *items_obj, int reading, int threads, size_t piece)
 {
     Item *items;
     Py_ssize_t ready;
@@ -935,6 +961,8 @@ run_items(PyObject *items_obj, int reading, int threads)
     PyObject *result = NULL;
     if (count < 0)
         goto out;
+    for (Py_ssize_t i = 0; i < count; i++)
+        items[i].piece = piece;
 
     Py_BEGIN_ALLOW_THREADS
     if (reading) {
@@ -980,7 +1008,7 @@ static PyObject *
 publish_files(PyObject *module, PyObject *items_obj)
 {
     (void)module;
-    return run_items(items_obj, 0, 1);
+    return run_items(items_obj, 0, 1, 0);
 }
 
 static PyObject *
@@ -989,15 +1017,17 @@ read_files(PyObject *module, PyObject *args)
     (void)module;
     PyObject *items_obj;
     int threads = 1;
-    if (!PyArg_ParseTuple(args, "O|i:read_files", &items_obj, &threads))
+    Py_ssize_t piece = 0;
+    if (!PyArg_ParseTuple(args, "O|in:read_files", &items_obj, &threads, &piece))
         return NULL;
-    if (threads < 1) {
-        PyErr_SetString(PyExc_ValueError, "threads must be at least 1");
+    if (threads < 1 || piece < 0) {
+        PyErr_SetString(PyExc_ValueError, threads < 1 ? "threads must be at least 1"
+                                                      : "piece must not be negative");
         return NULL;
     }
     if (threads > MAX_ITEMS)
         threads = MAX_ITEMS; /* a call reads at most MAX_ITEMS files */
-    return run_items(items_obj, 1, threads);
+    return run_items(items_obj, 1, threads, (size_t)piece);
 }
 
 static PyObject *
@@ -1044,8 +1074,9 @@ static PyMethodDef methods[] = {
      "publish_files(items) -> list: publish_file for each (tmp, path, buffers, flags), with "
      "the GIL released once; per item bytes written (0: existed) or the OSError."},
     {"read_files", read_files, METH_VARARGS,
-     "read_files(items, threads=1) -> list: open, readv, close for each (path, buffers, "
-     "flags[, crc_of]), with the GIL released once, on up to threads threads at once; per "
+     "read_files(items, threads=1, piece=0) -> list: open, readv, close for each (path, "
+     "buffers, flags[, crc_of]), with the GIL released once, on up to threads threads at once; "
+     "with piece, crc_of's buffer is read and checksummed piece bytes at a time; per "
      "item (n, size) (with crc_of: (n, size, crc or None)) or the OSError."},
     {"exists_files", exists_files, METH_O,
      "exists_files(paths) -> list[bool]: whether each path exists (access F_OK), with the "

@@ -45,6 +45,7 @@ from kvstore_tiers.backends.eviction_log import EvictionLog
 from kvstore_tiers.backends.fs import fileio
 from kvstore_tiers.backends.fs.config import FsConfig
 from kvstore_tiers.backends.fs.fileio import (
+    CRC_PIECE,
     O_DIRECT,
     PAGE,
     ThreadPages,
@@ -103,6 +104,7 @@ class FileSystemBackend(Backend):
         self.base = self.root / namespace.name
         self._root_prefix = f"{self.root}{os.sep}"
         self.use_o_direct = False
+        self._crc_piece = 0  # read_files' piece: CRC_PIECE for a root in memory
         self._pages = ThreadPages()
         self.writer: WriterLock | None = None
         self.capacity: Any = None
@@ -127,6 +129,7 @@ class FileSystemBackend(Backend):
             logger.info("fs tier: removed %d temp files of killed writers (%d KiB) under %s",
                         self.swept_temp_files, swept_bytes >> 10, self.base)
         memory = in_memory(str(self.base))
+        self._crc_piece = CRC_PIECE if memory else 0
         self.use_o_direct = self.config.o_direct and not memory and probe_o_direct(str(self.base))
         if self.config.o_direct and memory:
             logger.info("fs tier: %s is in memory (tmpfs or ramfs); using buffered I/O", self.root)
@@ -327,7 +330,7 @@ class FileSystemBackend(Backend):
         mark = self.trace_mark  # the load trace's (None: off)
         if mark is not None:
             mark("read")
-        read = fileio.read_files(batch, self.config.n_read_threads)
+        read = fileio.read_files(batch, self.config.n_read_threads, self._crc_piece)
         if mark is not None:
             mark("read_end")
         for item, (path, parts, *_), res in zip(items, batch, read, strict=True):

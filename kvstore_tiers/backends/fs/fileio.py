@@ -12,7 +12,7 @@
   :func:`publish_file` for each (tmp, path, buffers, flags), errors returned
   rather than raised, so one full disk or missing directory fails its own
   item only. A store batch is one call.
-* :func:`read_files` (items, threads) -> per item, (bytes read, file size) or the
+* :func:`read_files` (items, threads, piece) -> per item, (bytes read, file size) or the
   OSError: for each (path, buffers, flags), on up to ``threads`` threads at
   once (native only), open, one vectored read from
   offset 0, close; the size is the byte count when the read stopped short of
@@ -23,7 +23,9 @@
   (a short read, a CPU without the instruction, the Python twin), so the
   caller checksums it itself. The crc32c package releases and re-takes the
   GIL for every block; computed here, a load batch's checksums cost no
-  re-take.
+  re-take. With ``piece`` (:data:`CRC_PIECE` for a root in memory, see
+  :func:`in_memory`), where the CPU folds the CRC, that buffer is read and
+  checksummed ``piece`` bytes at a time, each while the copy left it in cache.
 * :func:`exists_files` (paths) -> per path, whether it exists (as
   ``os.path.exists``): an async lookup's batch is one call.
 
@@ -51,13 +53,14 @@ import ctypes
 import errno
 import mmap
 import os
-import sys
+import re
 import threading
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
+    "CRC_PIECE",
     "MAX_ITEMS",
     "NATIVE",
     "O_DIRECT",
@@ -114,31 +117,38 @@ def aligned(buf: Buffer) -> bool:
     return len(buf) % PAGE == 0 and address(buf) % PAGE == 0
 
 
-#: statfs f_type of the filesystems whose files live in memory: tmpfs, ramfs.
-_MEMORY_FS = (0x01021994, 0x858458F6)
+#: The filesystems whose files are pages of memory.
+_MEMORY_FS = frozenset({"tmpfs", "ramfs"})
+#: Bytes of a row a read in memory moves and checksums at a time: a fraction
+#: of a core's cache, so the checksum reads back what the copy just wrote.
+CRC_PIECE = 256 * 1024
 
 
-def in_memory(directory: str) -> bool:
-    """True if ``directory`` is on tmpfs or ramfs (Linux's ``statfs``).
+def in_memory(directory: str, mounts: str = "/proc/self/mounts") -> bool:
+    """True if ``directory`` is on tmpfs or ramfs: the type of the last-mounted
+    filesystem whose mount point holds it, from ``mounts`` (Linux).
 
     Their files are pages of memory: tmpfs accepts O_DIRECT (Linux 6.6 on)
     but a read is still the kernel's copy from those pages, and a buffered
     read lets the read call checksum each piece of a row while the copy has
     it in cache. False wherever it cannot tell.
     """
-    if not sys.platform.startswith("linux"):
-        return False
-    buf = ctypes.create_string_buffer(256)  # struct statfs is 120 bytes; f_type leads
     try:
-        if _libc().statfs(os.fsencode(directory), buf) != 0:
-            return False
-    except (OSError, AttributeError):
+        path = os.path.realpath(directory)
+        with open(mounts, encoding="utf-8", errors="surrogateescape") as f:
+            table = f.read().splitlines()
+    except OSError:
         return False
-    return ctypes.c_long.from_buffer(buf).value in _MEMORY_FS
-
-
-def _libc() -> Any:
-    return ctypes.CDLL(None, use_errno=True)
+    best, kind = -1, ""
+    for line in table:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        # Spaces, tabs, newlines and backslashes in a mount point are octal escapes.
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+        if os.path.commonpath([path, point]) == point and len(point) >= best:
+            best, kind = len(point), fields[2]
+    return kind in _MEMORY_FS
 
 
 def probe_o_direct(directory: str) -> bool:
@@ -285,8 +295,10 @@ def publish_files_py(items: Sequence[PublishItem]) -> list[int | OSError]:
     return _run_items(items, publish_file_py, buffers_at=2, writable=False)
 
 
-def read_files_py(items: Sequence[ReadItem], threads: int = 1) -> list[ReadResult | OSError]:
-    """Pure-Python :func:`read_files`, one file after another (``threads`` unused)."""
+def read_files_py(items: Sequence[ReadItem], threads: int = 1, piece: int = 0
+                  ) -> list[ReadResult | OSError]:
+    """Pure-Python :func:`read_files`, one file after another (``threads`` and
+    ``piece`` unused: the twin leaves checksums to the caller)."""
     return _run_items(items, read_file_py, buffers_at=1, writable=True)
 
 
@@ -297,7 +309,7 @@ def exists_files_py(paths: Sequence[str]) -> list[bool]:
 
 publish_file: Callable[[str, str, Sequence[Buffer], int], int] = publish_file_py
 publish_files: Callable[[Sequence[PublishItem]], list[int | OSError]] = publish_files_py
-read_files: Callable[[Sequence[ReadItem], int], list[ReadResult | OSError]] = read_files_py
+read_files: Callable[[Sequence[ReadItem], int, int], list[ReadResult | OSError]] = read_files_py
 exists_files: Callable[[Sequence[str]], list[bool]] = exists_files_py
 if os.environ.get("KVSTORE_TIERS_FS_NATIVE", "1") != "0":
     with contextlib.suppress(ImportError):  # not compiled here: the Python set

@@ -265,7 +265,8 @@ def test_read_files_checksums_the_buffer_it_was_asked_for_once_filled(tmp_path: 
 
     if not _fsio.CRC32C_INSN:
         pytest.skip("no CRC-32C instruction on this CPU: the frame checksums instead")
-    _check_read_checksums(tmp_path, crc32c.crc32c, _fsio)
+    for piece in (0, fileio.CRC_PIECE, 1000):
+        _check_read_checksums(tmp_path, crc32c.crc32c, _fsio, piece)
     path = tmp_path / "f"
     path.write_bytes(b"x" * 100)
     rows = [bytearray(10), bytearray(200)]
@@ -275,17 +276,18 @@ def test_read_files_checksums_the_buffer_it_was_asked_for_once_filled(tmp_path: 
     assert fileio.read_files_py([(str(path), [bytearray(10)], 0, 0)]) == [(10, 100, None)]
 
 
-def _check_read_checksums(tmp_path: Path, crc: Callable[[bytes], int], _fsio: Any) -> None:
-    """Every length around the CRC's boundaries -- 8-byte words, the streams'
-    3 x 8 KiB, the fold's 256-byte steps, the 256 KiB pieces a read without
-    O_DIRECT checksums as they land -- at several alignments, with a header
-    buffer before the row and an overflow buffer after it that the file
-    fills partly or not at all; and files that end inside the row."""
+def _check_read_checksums(tmp_path: Path, crc: Callable[[bytes], int], _fsio: Any,
+                          piece: int) -> None:
+    """With ``piece`` (0: whole reads), every length around the CRC's
+    boundaries -- 8-byte words, the streams' 3 x 8 KiB, the fold's 256-byte
+    steps, the 256 KiB pieces a read in memory checksums as they land -- at
+    several alignments, with a header buffer before the row and an overflow
+    buffer after it that the file fills partly or not at all; and files that
+    end inside the header or the row."""
     path = tmp_path / "f"
-    span3, piece = 3 * 8192, 256 * 1024
+    span3, p = 3 * 8192, fileio.CRC_PIECE
     lengths = (0, 1, 7, 8, 9, 63, 255, 256, 257, 4096, span3 - 1, span3, span3 + 1,
-               2 * span3 + 9, 100_003, piece - 1, piece, piece + 1, 2 * piece + 256 + 5,
-               2 << 20)
+               2 * span3 + 9, 100_003, p - 1, p, p + 1, 2 * p + 256 + 5, 2 << 20)
     for n in lengths:
         for skip in (0, 1, 3, 8):
             for extra in (0, 5):  # the file's bytes past the row
@@ -293,14 +295,20 @@ def _check_read_checksums(tmp_path: Path, crc: Callable[[bytes], int], _fsio: An
                 path.write_bytes(data)
                 body = memoryview(bytearray(n + skip))[skip:]  # the row at another alignment too
                 bufs = ([bytearray(skip)] if skip else []) + [body, bytearray(64)]
-                (res,) = _fsio.read_files([(str(path), bufs, 0, len(bufs) - 2)])
+                (res,) = _fsio.read_files([(str(path), bufs, 0, len(bufs) - 2)], 1, piece)
                 assert res == (len(data), len(data), crc(data[skip:skip + n])), (n, skip, extra)
                 assert bytes(body) == data[skip:skip + n]
-    for n, cut in ((2 << 20, 0), (2 << 20, 1), (2 << 20, piece), (2 << 20, piece + 3),
-                   (100_003, 100_002)):
-        path.write_bytes(os.urandom(cut))
-        (res,) = _fsio.read_files([(str(path), [bytearray(n), bytearray(64)], 0, 0)])
-        assert res == (cut, cut, None), (n, cut)
+    # The file ends in the header or in the row behind it, which is one piece
+    # (300 bytes) or several.
+    for head, n in ((0, 300), (4096, 300), (0, 2 << 20), (4096, 2 << 20)):
+        for cut in (0, 1, 100, head + 1, head + p - 1, head + p, head + p + 3, head + n - 3,
+                    head + n - 1):
+            if cut >= head + n:
+                continue
+            path.write_bytes(os.urandom(cut))
+            bufs = ([bytearray(head)] if head else []) + [bytearray(n), bytearray(64)]
+            (res,) = _fsio.read_files([(str(path), bufs, 0, len(bufs) - 2)], 1, piece)
+            assert res == (cut, cut, None), (head, cut)
 
 
 def test_read_files_checksums_the_same_without_folding(tmp_path: Path) -> None:
@@ -316,12 +324,31 @@ def test_read_files_checksums_the_same_without_folding(tmp_path: Path) -> None:
         "from kvstore_tiers.backends.fs import _fsio\n"
         "from tests.backends.fs.test_fs_io import _check_read_checksums\n"
         "assert _fsio.CRC32C_INSN and not _fsio.CRC32C_FOLD\n"
-        "_check_read_checksums(pathlib.Path(sys.argv[1]), crc32c.crc32c, _fsio)\n")
+        "_check_read_checksums(pathlib.Path(sys.argv[1]), crc32c.crc32c, _fsio, 256 * 1024)\n")
     env = {**os.environ, "KVSTORE_TIERS_FS_CRC_FOLD": "0"}
     run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
                          cwd=Path(__file__).parents[3], capture_output=True, text=True,
                          timeout=120, check=False)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+@pytest.mark.skipif(not Path("/proc/cpuinfo").exists(), reason="no /proc/cpuinfo")
+def test_the_crc_folds_wherever_the_cpu_can() -> None:
+    """CRC32C_FOLD is set exactly where the CPU has AVX-512 and VPCLMULQDQ
+    (x86-64), so a machine that could fold is not silently testing the
+    three streams alone."""
+    from kvstore_tiers.backends.fs import _fsio
+
+    if os.environ.get("KVSTORE_TIERS_FS_CRC_FOLD") == "0":
+        pytest.skip("folding turned off by KVSTORE_TIERS_FS_CRC_FOLD=0")
+    flags: set[str] = set()
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    can = os.uname().machine == "x86_64" and {"avx512f", "vpclmulqdq", "pclmulqdq",
+                                             "sse4_2"} <= flags
+    assert bool(_fsio.CRC32C_FOLD) == can
 
 
 def test_read_files_refuses_a_crc_of_past_the_buffers(io, tmp_path: Path) -> None:

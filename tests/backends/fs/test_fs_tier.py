@@ -7,6 +7,7 @@ import os
 import resource
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -132,9 +133,9 @@ def test_a_load_job_is_one_call_on_the_read_threads(harness_factory, tmp_path,
     h.forget_primary()
     real, calls = fileio.read_files, []
 
-    def counting(items, threads=1):
+    def counting(items, threads=1, piece=0):
         calls.append((len(items), threads))
-        return real(items, threads)
+        return real(items, threads, piece)
 
     monkeypatch.setattr(fileio, "read_files", counting)
     for keys, rows, expect in ((small, rows_small, [(20, 3)]),
@@ -177,8 +178,8 @@ def test_a_raw_row_is_checksummed_by_its_read_and_nothing_else_is(
     h.forget_primary()
     real_read, real_checksum, crc_of, checksummed = fileio.read_files, frame.checksum, [], []
     monkeypatch.setattr(fileio, "read_files",
-                        lambda items, threads=1: crc_of.extend(i[3] for i in items)
-                        or real_read(items, threads))
+                        lambda items, threads=1, piece=0: crc_of.extend(i[3] for i in items)
+                        or real_read(items, threads, piece))
     monkeypatch.setattr(frame, "checksum",
                         lambda data: checksummed.append(len(data)) or real_checksum(data))
     ctx = h.new_request()
@@ -210,28 +211,28 @@ def test_real_kv_blocks_roundtrip_with_every_codec(
         assert np.array_equal(h.load(keys, ctx), blocks), codec
 
 
-def _mount_type(path: Path) -> str:
-    """The type of the filesystem ``path`` is on, from /proc/self/mounts."""
-    best, kind = "", ""
-    for line in Path("/proc/self/mounts").read_text().splitlines():
-        _dev, point, fstype, *_ = line.split()
-        point = point.replace("\\040", " ")
-        if (str(path) + "/").startswith(point.rstrip("/") + "/") and len(point) >= len(best):
-            best, kind = point, fstype
-    return kind
+def _fs_type(path: Path) -> str:
+    """The type of the filesystem ``path`` is on, as coreutils' ``stat -f`` names it."""
+    run = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True,
+                         check=True)
+    return run.stdout.strip()
 
 
-@pytest.mark.skipif(not Path("/proc/self/mounts").exists(), reason="no /proc/self/mounts")
+@pytest.mark.skipif(shutil.which("stat") is None or not Path("/proc/self/mounts").exists(),
+                    reason="needs coreutils' stat and /proc/self/mounts")
 def test_a_root_dir_in_memory_is_read_buffered_so_rows_are_checksummed_as_they_land(
-    harness_factory, tmp_path
+    harness_factory, tmp_path, monkeypatch
 ) -> None:
     # tmpfs takes O_DIRECT from Linux 6.6, but a read there is the kernel's
     # copy all the same; buffered, the read call checksums each piece of a row
-    # while it is in cache. A disk keeps O_DIRECT where it takes it.
+    # while it is in cache. A disk keeps O_DIRECT where it takes it, and whole reads.
+    real, pieces = fileio.read_files, []
+    monkeypatch.setattr(fileio, "read_files", lambda items, threads=1, piece=0:
+                        pieces.append(piece) or real(items, threads, piece))
     for root in (Path("/dev/shm"), tmp_path):
         if not root.is_dir():
             continue
-        memory = _mount_type(root.resolve()) in ("tmpfs", "ramfs")
+        memory = _fs_type(root) in ("tmpfs", "ramfs")
         assert fileio.in_memory(str(root)) == memory, root
         sub = Path(tempfile.mkdtemp(dir=root))
         try:
@@ -241,12 +242,29 @@ def test_a_root_dir_in_memory_is_read_buffered_so_rows_are_checksummed_as_they_l
             keys, rows = make_keys(4, seed=5), rows_like(4, ROW, seed=5)
             h.store_all(keys, rows)
             h.forget_primary()
+            pieces.clear()
             ctx = h.new_request()
             assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 4
             assert np.array_equal(h.load(keys, ctx), rows)
+            assert pieces and set(pieces) == {fileio.CRC_PIECE if memory else 0}
         finally:
             shutil.rmtree(sub, ignore_errors=True)
     assert not fileio.in_memory(str(tmp_path / "no such directory"))
+
+
+def test_in_memory_reads_the_mount_table(tmp_path) -> None:
+    # The last mount over a path decides; escaped mount points are unescaped.
+    table = tmp_path / "mounts"
+    table.write_text("/dev/vda1 / ext4 rw 0 0\n"
+                     "tmpfs /mnt/a\\040b tmpfs rw 0 0\n"
+                     "tmpfs /mnt/c tmpfs rw 0 0\n"
+                     "/dev/vdb /mnt/c xfs rw 0 0\n"
+                     "ramfs /r ramfs rw 0 0\n")
+    mounts = str(table)
+    assert fileio.in_memory("/mnt/a b/x", mounts) and fileio.in_memory("/r", mounts)
+    assert not fileio.in_memory("/mnt/c/x", mounts)  # xfs mounted over the tmpfs
+    assert not fileio.in_memory("/mnt/ab", mounts) and not fileio.in_memory("/var", mounts)
+    assert not fileio.in_memory("/r", str(tmp_path / "no table"))
 
 
 def test_second_manager_hits_what_the_first_stored(harness_factory, tmp_path) -> None:
@@ -402,7 +420,7 @@ def test_load_io_error_is_a_failed_key_not_an_exception(
     h.store_all(keys, rows)
     h.forget_primary()
 
-    def eio(items, threads=1):
+    def eio(items, threads=1, piece=0):
         return [OSError(errno.EIO, "Input/output error", it[0]) for it in items]
 
     # A load batch is one compiled call (or its Python twin), which returns
