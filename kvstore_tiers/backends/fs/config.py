@@ -24,7 +24,9 @@ class FsConfig(TierConfig):
     high_watermark: float = Field(0.95, gt=0, le=1, description="Evict above this fraction.")
     low_watermark: float = Field(0.85, gt=0, le=1, description="Evict down to this fraction "
                                  "(one above high_watermark is taken as it).")
-    o_direct: bool = Field(True, description="Use O_DIRECT where the filesystem supports it.")
+    o_direct: bool = Field(True, description=(
+        "Use O_DIRECT where the filesystem supports it (never on tmpfs or ramfs, whose reads are "
+        "copies from memory either way)."))
 
     @property
     def watermarks(self) -> tuple[float, float]:
