@@ -293,14 +293,18 @@ fold128(__m128i a, __m128i k, __m128i b)
                                        _mm_clmulepi64_si128(a, k, 0x11)), b);
 }
 
+/* The multipliers k in each of a register's four 128-bit lanes. */
+FOLD_TARGET static inline __m512i
+fold_lanes(const uint64_t *k)
+{
+    return _mm512_broadcast_i32x4(_mm_set_epi64x((long long)k[1], (long long)k[0]));
+}
+
 /* The CRC register after p[0..n), n a multiple of 256 and at least 256. */
 FOLD_TARGET static uint32_t
 crc_folded(uint32_t c, const unsigned char *p, size_t n)
 {
-    __m512i k = _mm512_set_epi64((long long)fold_256[1], (long long)fold_256[0],
-                                 (long long)fold_256[1], (long long)fold_256[0],
-                                 (long long)fold_256[1], (long long)fold_256[0],
-                                 (long long)fold_256[1], (long long)fold_256[0]);
+    __m512i k = fold_lanes(fold_256);
     /* The register is the message's first 32 bits XORed with it. */
     __m512i a0 = _mm512_xor_si512(_mm512_loadu_si512(p), _mm512_maskz_set1_epi32(1, (int)c));
     __m512i a1 = _mm512_loadu_si512(p + 64), a2 = _mm512_loadu_si512(p + 128),
@@ -311,10 +315,7 @@ crc_folded(uint32_t c, const unsigned char *p, size_t n)
         a2 = fold512(a2, k, _mm512_loadu_si512(p + 128));
         a3 = fold512(a3, k, _mm512_loadu_si512(p + 192));
     }
-    k = _mm512_set_epi64((long long)fold_64[1], (long long)fold_64[0],
-                         (long long)fold_64[1], (long long)fold_64[0],
-                         (long long)fold_64[1], (long long)fold_64[0],
-                         (long long)fold_64[1], (long long)fold_64[0]);
+    k = fold_lanes(fold_64);
     a1 = fold512(a0, k, a1);
     a2 = fold512(a1, k, a2);
     a3 = fold512(a2, k, a3);
@@ -355,12 +356,6 @@ crc_update(uint32_t c, const unsigned char *p, size_t n)
 #endif
     return crc_streams(c, p, n);
 }
-
-static uint32_t
-crc32c_of(const unsigned char *p, size_t n)
-{
-    return ~crc_update(0xFFFFFFFFu, p, n);
-}
 #else
 static void
 crc_span_init(void)
@@ -374,13 +369,13 @@ crc_update(uint32_t c, const unsigned char *p, size_t n)
     (void)n;
     return c; /* never called: crc_insn is 0 */
 }
+#endif
 
 static uint32_t
 crc32c_of(const unsigned char *p, size_t n)
 {
     return ~crc_update(0xFFFFFFFFu, p, n);
 }
-#endif
 
 /* The buffers of one call, exported for the kernel's iovec. */
 typedef struct {
@@ -1108,9 +1103,11 @@ PyInit__fsio(void)
         crc_span_init();
 #ifdef HAVE_CRC_FOLD
     crc_fold = crc_insn && crc_fold_present();
-    fold_init(fold_256, 256);
-    fold_init(fold_64, 64);
-    fold_init(fold_16, 16);
+    if (crc_fold) {
+        fold_init(fold_256, 256);
+        fold_init(fold_64, 64);
+        fold_init(fold_16, 16);
+    }
 #endif
     PyObject *m = PyModule_Create(&module_def);
     if (m != NULL && (PyModule_AddIntConstant(m, "CRC32C_INSN", crc_insn) < 0 ||
