@@ -53,6 +53,7 @@ from kvstore_tiers.backends.fs.fileio import (
     aligned,
     in_memory,
     probe_o_direct,
+    tmpfs_small_pages,
 )
 from kvstore_tiers.backends.fs.layout import prepare_namespace_dir, walk_prefix
 from kvstore_tiers.backends.fs.writers import WriterLock, sweep_stale
@@ -135,6 +136,10 @@ class FileSystemBackend(Backend):
             logger.info("fs tier: %s is in memory (tmpfs or ramfs); using buffered I/O", self.root)
         elif self.config.o_direct and not self.use_o_direct:
             logger.info("fs tier: O_DIRECT not supported under %s; using buffered I/O", self.root)
+        if memory and tmpfs_small_pages(str(self.base)):
+            logger.info("fs tier: %s is a tmpfs without huge pages: a load copies 4 KiB pages one "
+                        "at a time; mount it with huge=within_size for faster loads (docs/fs.md)",
+                        self.root)
         if self.config.max_bytes is not None or self.config.min_free_bytes is not None:
             from kvstore_tiers.backends.fs.capacity import CapacityController
 

@@ -81,6 +81,7 @@ __all__ = [
     "read_file_py",
     "read_files",
     "read_files_py",
+    "tmpfs_small_pages",
 ]
 
 Buffer = Any  # bytes-like (a memoryview of a primary row, bytes, mmap)
@@ -122,33 +123,66 @@ _MEMORY_FS = frozenset({"tmpfs", "ramfs"})
 #: Bytes of a row a read in memory moves and checksums at a time: a fraction
 #: of a core's cache, so the checksum reads back what the copy just wrote.
 CRC_PIECE = 256 * 1024
+#: The kernel's huge-page policy for tmpfs, the chosen one in brackets.
+_SHMEM_ENABLED = "/sys/kernel/mm/transparent_hugepage/shmem_enabled"
+
+
+def _mount_of(directory: str, mounts: str) -> tuple[str, list[str]]:
+    """(type, options) of the last-mounted filesystem whose mount point holds
+    ``directory``, from the table ``mounts`` (Linux); ("", []) if unknown."""
+    try:
+        path = os.path.realpath(directory)
+        with open(mounts, encoding="utf-8", errors="surrogateescape") as f:
+            table = f.read().splitlines()
+    except OSError:
+        return "", []
+    best, found = -1, ("", [])
+    for line in table:
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        # Spaces, tabs, newlines and backslashes in a mount point are octal escapes.
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
+        if os.path.commonpath([path, point]) == point and len(point) >= best:
+            best, found = len(point), (fields[2], fields[3].split(","))
+    return found
 
 
 def in_memory(directory: str, mounts: str = "/proc/self/mounts") -> bool:
-    """True if ``directory`` is on tmpfs or ramfs: the type of the last-mounted
-    filesystem whose mount point holds it, from ``mounts`` (Linux).
+    """True if ``directory`` is on tmpfs or ramfs (see :func:`_mount_of`).
 
     Their files are pages of memory: tmpfs accepts O_DIRECT (Linux 6.6 on)
     but a read is still the kernel's copy from those pages, and a buffered
     read lets the read call checksum each piece of a row while the copy has
     it in cache. False wherever it cannot tell.
     """
-    try:
-        path = os.path.realpath(directory)
-        with open(mounts, encoding="utf-8", errors="surrogateescape") as f:
-            table = f.read().splitlines()
-    except OSError:
+    return _mount_of(directory, mounts)[0] in _MEMORY_FS
+
+
+def tmpfs_small_pages(directory: str, mounts: str = "/proc/self/mounts",
+                      shmem_enabled: str = _SHMEM_ENABLED) -> bool:
+    """True if ``directory`` is on a tmpfs that keeps every file in 4 KiB
+    pages, where mounting it with ``huge=within_size`` would give files of
+    2 MiB and more huge pages.
+
+    That is a tmpfs mounted without ``huge=always`` or ``huge=within_size``
+    (``huge=advise`` applies to memory maps only, not to reads), unless the
+    kernel's ``shmem_enabled`` forces huge pages everywhere or denies them
+    everywhere (then the mount option changes nothing). A read from a tmpfs
+    copies one page at a time, so its per-page work is most of a load's
+    CPU (see docs/benchmarks.md). False wherever it cannot tell.
+    """
+    kind, options = _mount_of(directory, mounts)
+    if kind != "tmpfs":
         return False
-    best, kind = -1, ""
-    for line in table:
-        fields = line.split()
-        if len(fields) < 3:
-            continue
-        # Spaces, tabs, newlines and backslashes in a mount point are octal escapes.
-        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1])
-        if os.path.commonpath([path, point]) == point and len(point) >= best:
-            best, kind = len(point), fields[2]
-    return kind in _MEMORY_FS
+    try:
+        with open(shmem_enabled, encoding="ascii") as f:
+            chosen = re.search(r"\[(\w+)\]", f.read())
+    except OSError:
+        chosen = None
+    if chosen is not None and chosen.group(1) in ("force", "deny"):
+        return False
+    return not {"huge=always", "huge=within_size"} & set(options)
 
 
 def probe_o_direct(directory: str) -> bool:

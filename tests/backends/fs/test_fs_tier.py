@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import re
 import resource
 import shutil
 import signal
@@ -265,6 +267,53 @@ def test_in_memory_reads_the_mount_table(tmp_path) -> None:
     assert not fileio.in_memory("/mnt/c/x", mounts)  # xfs mounted over the tmpfs
     assert not fileio.in_memory("/mnt/ab", mounts) and not fileio.in_memory("/var", mounts)
     assert not fileio.in_memory("/r", str(tmp_path / "no table"))
+
+
+def test_tmpfs_small_pages_reads_the_mount_options_and_the_kernels_policy(tmp_path) -> None:
+    # A tmpfs keeps files in 4 KiB pages unless mounted huge=always or
+    # huge=within_size, or the kernel forces (or denies) huge pages for all.
+    table = tmp_path / "mounts"
+    table.write_text("/dev/vda1 / ext4 rw,relatime 0 0\n"
+                     "tmpfs /small tmpfs rw,relatime,size=1024k 0 0\n"
+                     "tmpfs /advise tmpfs rw,huge=advise 0 0\n"
+                     "tmpfs /within tmpfs rw,size=4g,huge=within_size 0 0\n"
+                     "tmpfs /always tmpfs rw,huge=always 0 0\n"
+                     "ramfs /r ramfs rw 0 0\n")
+    policy = tmp_path / "shmem_enabled"
+
+    def small(path: str, chosen: str | None = "never") -> bool:
+        if chosen is None:
+            return fileio.tmpfs_small_pages(path, str(table), str(tmp_path / "none"))
+        policy.write_text(" ".join(f"[{w}]" if w == chosen else w for w in
+                                   ("always", "within_size", "advise", "never", "deny", "force")))
+        return fileio.tmpfs_small_pages(path, str(table), str(policy))
+
+    assert small("/small/kv") and small("/advise") and small("/small", None)
+    assert not small("/within/kv") and not small("/always")
+    assert not small("/r") and not small("/var")  # not a tmpfs
+    assert not small("/small", "force") and not small("/small", "deny")
+    assert small("/small", "within_size")  # the policy for the kernel's own mount only
+
+
+@pytest.mark.skipif(shutil.which("findmnt") is None or not Path("/dev/shm").is_dir(),
+                    reason="needs util-linux's findmnt and /dev/shm")
+def test_a_tmpfs_without_huge_pages_is_named_at_start(harness_factory, caplog) -> None:
+    run = subprocess.run(["findmnt", "-n", "-o", "FSTYPE,OPTIONS", "--target", "/dev/shm"],
+                         capture_output=True, text=True, check=True)
+    kind, options = run.stdout.splitlines()[-1].split()  # the last mount over it
+    forced = re.search(r"\[(\w+)\]", Path(fileio._SHMEM_ENABLED).read_text()
+                       if Path(fileio._SHMEM_ENABLED).exists() else "")
+    small = (kind == "tmpfs" and "huge=always" not in options and "huge=within_size" not in
+             options and (forced is None or forced.group(1) not in ("force", "deny")))
+    assert fileio.tmpfs_small_pages("/dev/shm") == small
+    sub = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        with caplog.at_level(logging.INFO, logger="kvstore_tiers"):
+            harness_factory([{"type": "fs", "root_dir": str(sub)}], chunk_bytes=ROW)
+        named = [r for r in caplog.records if "huge=within_size" in r.getMessage()]
+        assert len(named) == (1 if small else 0)
+    finally:
+        shutil.rmtree(sub, ignore_errors=True)
 
 
 def test_second_manager_hits_what_the_first_stored(harness_factory, tmp_path) -> None:
