@@ -111,8 +111,11 @@ def load_many(backend: Backend, items: Sequence[LoadItem], codec: FrameCodec
 def encode_batch(
     items: Sequence[StoreItem], codec: FrameCodec,
     classify_error: Callable[[BaseException], BaseException] | None = None,
+    unsummed: bool = False,
 ) -> tuple[list[Result], list[tuple[int, bytearray, Buffer]]]:
-    """Encode every item's row into a frame, on the calling (pool) thread.
+    """Encode every item's row into a frame, on the calling (pool) thread;
+    ``unsummed``: an item without a known ``crc`` is left for the writer to
+    checksum (:meth:`FrameCodec.encode`).
 
     For batched ``store_many`` implementations. Returns ``(out, encoded)``:
     ``out`` has one slot per item -- the classified error where encoding
@@ -125,7 +128,7 @@ def encode_batch(
     encoded: list[tuple[int, bytearray, Buffer]] = []
     for i, item in enumerate(items):
         try:
-            header, payload = codec.encode(item.key, item.src, item.crc)
+            header, payload = codec.encode(item.key, item.src, item.crc, unsummed=unsummed)
         except Exception as exc:
             out[i] = classify_error(exc)
             continue

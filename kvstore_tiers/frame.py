@@ -38,6 +38,7 @@ and the decoded bytes' checksum; any mismatch is
 This module is the only one that reads or writes a frame. What the others call:
 
 * :meth:`FrameCodec.encode` -- a row into ``(header, payload)`` (stores);
+* :data:`CHECKSUM_AT` -- where the fs publish call puts the CRC it computed of a raw row;
 * :meth:`FrameCodec.decode_into` -- a whole frame into a row (backends that
   get an object in one piece: s3, redis pipelines, the memory plugin);
 * :meth:`FrameCodec.receive` -- a frame read header first (fs, the redis fast
@@ -69,6 +70,8 @@ VERSION = 1
 NAMESPACE_DIGEST_BYTES = 16
 _FIXED = struct.Struct("<4sHBBIHHQQQ16sQ")
 HEADER_FIXED = _FIXED.size  # 64
+#: The checksum's offset (the layout above): an ``unsummed`` frame's writer puts it there.
+CHECKSUM_AT = struct.calcsize("<4sHBBIHHQQ")
 #: Bytes a remote reader takes first (:meth:`FrameCodec.receive`): a whole
 #: header padded to at most 64 bytes is in them (the fs tier reads a page).
 FIRST_READ = 256
@@ -127,18 +130,9 @@ def header_length(key_len: int, align: int) -> int:
     return (n + align - 1) // align * align
 
 
-def pack_header(
-    *,
-    codec: CodecId,
-    key: bytes,
-    namespace: bytes,
-    raw_len: int,
-    stored_len: int,
-    raw_checksum: int,
-    align: int = 8,
-    created_ms: int | None = None,
-    flags: int = 0,
-) -> bytearray:
+def pack_header(*, codec: CodecId, key: bytes, namespace: bytes, raw_len: int, stored_len: int,
+                raw_checksum: int, align: int = 8, created_ms: int | None = None,
+                flags: int = 0) -> bytearray:
     """Build a header (padded to ``align``) for a payload."""
     if len(namespace) != NAMESPACE_DIGEST_BYTES:
         raise ValueError("namespace digest must be 16 bytes")
@@ -223,10 +217,16 @@ class FrameCodec:
         for any other payload such a checksum would be work for nothing."""
         return self.codec == CodecId.NONE and self.cipher is None
 
-    def encode(self, key: bytes, raw: memoryview, raw_checksum: int | None = None
-               ) -> tuple[bytearray, bytes | memoryview]:
+    def encode(self, key: bytes, raw: memoryview, raw_checksum: int | None = None, *,
+               unsummed: bool = False) -> tuple[bytearray, bytes | memoryview]:
         """``raw`` into ``(header, payload)``; ``raw_checksum``: ``raw``'s CRC-32C
-        if the caller computed it over these very bytes."""
+        if the caller computed it over these very bytes. ``unsummed`` (where
+        :attr:`raw_payloads` only) leaves the checksum to the writer, which must
+        put the payload's CRC-32C at :data:`CHECKSUM_AT`, else the frame is corrupt."""
+        if unsummed and raw_checksum is None:
+            if not self.raw_payloads:
+                raise ValueError("only a raw payload's writer can checksum it")
+            raw_checksum = 0
         codec, payload = self._codecs.encode(self.codec, raw)
         if self.cipher is not None:
             # Encrypt after compression; the GCM tag replaces the CRC.

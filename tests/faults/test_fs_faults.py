@@ -298,8 +298,8 @@ class _FreeAfterWrites:
         self._publish = fs_io.publish_files
         monkeypatch.setattr(fs_io, "publish_files", self)
 
-    def __call__(self, batch: Any) -> Any:
-        out = self._publish(batch)
+    def __call__(self, batch: Any, *rest: Any) -> Any:
+        out = self._publish(batch, *rest)
         st = os.statvfs(self.path)
         self.least_free = min(self.least_free, st.f_bavail * st.f_frsize)
         return out

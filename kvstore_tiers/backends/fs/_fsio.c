@@ -455,43 +455,139 @@ oserror(int err, const char *name)
     return NULL;
 }
 
-/* After a short writev of ``done`` bytes: write the rest, buffer by buffer,
- * so a failure reports the kernel's reason (ENOSPC on a full disk) rather
- * than a bare short count. Returns 0 once everything is written, else the
- * errno (EIO if a write makes no progress without one). */
+/* pwrite of all ``len`` bytes at ``at``: 0, or the errno (EIO if a write
+ * makes no progress without one). */
 static int
-write_rest(int fd, const Buffers *b, size_t done)
+pwrite_all(int fd, const unsigned char *p, size_t len, off_t at)
 {
-    for (Py_ssize_t i = 0; i < b->count; i++) {
-        size_t len = b->iov[i].iov_len;
+    while (len > 0) {
+        ssize_t w = pwrite(fd, p, len, at);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w < 0)
+            return errno;
+        if (w == 0)
+            return EIO;
+        p += w;
+        len -= (size_t)w;
+        at += w;
+    }
+    return 0;
+}
+
+/* After a short writev of ``done`` bytes from the start of a new file: write
+ * the rest, buffer by buffer, so a failure reports the kernel's reason
+ * (ENOSPC on a full disk) rather than a bare short count. Returns 0 once
+ * everything is written, else the errno. */
+static int
+write_rest(int fd, const struct iovec *iov, int count, size_t done)
+{
+    off_t at = (off_t)done;
+    for (int i = 0; i < count; i++) {
+        size_t len = iov[i].iov_len;
         if (done >= len) {
             done -= len;
             continue;
         }
-        const char *p = (const char *)b->iov[i].iov_base + done;
-        size_t left = len - done;
+        int err = pwrite_all(fd, (const unsigned char *)iov[i].iov_base + done, len - done, at);
+        if (err != 0)
+            return err;
+        at += (off_t)(len - done);
         done = 0;
-        while (left > 0) {
-            ssize_t w = write(fd, p, left);
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w < 0)
-                return errno;
-            if (w == 0)
-                return EIO;
-            p += w;
-            left -= (size_t)w;
-        }
     }
     return 0;
+}
+
+/* writev of all ``count`` buffers, then the rest after a short write (see
+ * write_rest): 0 or an errno; *n the bytes written. */
+static int
+writev_all(int fd, const struct iovec *iov, int count, size_t total, ssize_t *n)
+{
+    do {
+        *n = writev(fd, iov, count);
+    } while (*n < 0 && errno == EINTR);
+    if (*n < 0)
+        return errno;
+    if ((size_t)*n == total)
+        return 0;
+    /* A short write: the filesystem is full or failing; the rest says why. */
+    int err = write_rest(fd, iov, count, (size_t)*n);
+    if (err == 0)
+        *n = (ssize_t)total;
+    return err;
+}
+
+/* What a publish checksums (see publish_files): the CRC-32C of buffer
+ * ``of`` goes, little-endian, at byte ``at`` of buffer 0; ``piece`` as for
+ * read_files. of < 0: nothing. */
+typedef struct {
+    int of, at;
+    size_t piece;
+} Sum;
+
+/* Write ``b`` to the new file ``fd`` with buffer 0 replaced by a copy that
+ * holds the checksum ``sum`` asks for (the caller's buffer is not changed).
+ * Where the fold runs and ``piece`` is set, buffer ``of`` is checksummed a
+ * piece at a time, each written while the checksum has left it in cache,
+ * and the copy of buffer 0 is written last (the file is a temp file: the
+ * order is not seen). Otherwise the checksum comes first, then one writev
+ * (O_DIRECT keeps the device's request whole). 0 or an errno; *n the bytes
+ * written. */
+static int
+write_summed(int fd, const Buffers *b, int flags, Sum sum, ssize_t *n)
+{
+    const struct iovec *row = &b->iov[sum.of];
+    size_t head = b->iov[0].iov_len;
+    unsigned char *copy = NULL; /* page-aligned, as O_DIRECT wants it */
+    if (posix_memalign((void **)&copy, 4096, head) != 0)
+        return ENOMEM;
+    memcpy(copy, b->iov[0].iov_base, head);
+    struct iovec v[MAX_BUFFERS];
+    memcpy(v, b->iov, sizeof(struct iovec) * (size_t)b->count);
+    v[0].iov_base = copy;
+    uint32_t c = 0xFFFFFFFFu;
+    int err = 0;
+    int hot = crc_fold && sum.piece > 0;
+#ifdef O_DIRECT
+    hot = hot && !(flags & O_DIRECT);
+#endif
+    *n = -1;
+    if (hot) {
+        off_t at = 0;
+        for (int i = 1; i < b->count && err == 0; at += (off_t)v[i].iov_len, i++) {
+            const unsigned char *p = v[i].iov_base;
+            size_t len = v[i].iov_len, step = len;
+            for (size_t done = 0; done < len && err == 0; done += step) {
+                if (i == sum.of) {
+                    step = len - done < sum.piece ? len - done : sum.piece;
+                    c = crc_update(c, p + done, step);
+                }
+                err = pwrite_all(fd, p + done, step, (off_t)head + at + (off_t)done);
+            }
+        }
+    } else {
+        c = crc_update(c, row->iov_base, row->iov_len);
+    }
+    c = ~c;
+    for (int i = 0; i < 4; i++)
+        copy[sum.at + i] = (unsigned char)(c >> (8 * i));
+    if (err == 0 && hot) {
+        err = pwrite_all(fd, copy, head, 0);
+        if (err == 0)
+            *n = b->total;
+    } else if (err == 0) {
+        err = writev_all(fd, v, (int)b->count, (size_t)b->total, n);
+    }
+    free(copy);
+    return err;
 }
 
 /* The publish itself (see publish_file above); runs without the GIL. Returns 0
  * or an errno, with *n the bytes written (0: ``path`` existed) and *failed the
  * name an error is reported against. */
 static int
-publish_one(const char *tmp, const char *path, const Buffers *b, int flags, ssize_t *n,
-            const char **failed)
+publish_one(const char *tmp, const char *path, const Buffers *b, int flags, Sum sum,
+            ssize_t *n, const char **failed)
 {
     int err = 0;
     *n = -1;
@@ -506,17 +602,10 @@ publish_one(const char *tmp, const char *path, const Buffers *b, int flags, ssiz
     } while (fd < 0 && errno == EINTR);
     if (fd < 0)
         return errno;
-    do {
-        *n = writev(fd, b->iov, (int)b->count);
-    } while (*n < 0 && errno == EINTR);
-    if (*n < 0) {
-        err = errno;
-    } else if (*n != b->total) {
-        /* A short write: the filesystem is full or failing; the rest says why. */
-        err = write_rest(fd, b, (size_t)*n);
-        if (err == 0)
-            *n = b->total;
-    }
+    if (sum.of >= 0)
+        err = write_summed(fd, b, flags, sum, n);
+    else
+        err = writev_all(fd, b->iov, (int)b->count, (size_t)b->total, n);
     if (close(fd) != 0 && err == 0)
         err = errno; /* NFS reports write-back errors here */
     if (err == 0 && rename(tmp, path) != 0) {
@@ -534,6 +623,26 @@ publish_one(const char *tmp, const char *path, const Buffers *b, int flags, ssiz
     return err;
 }
 
+/* 0 if ``sum`` fits the buffers ``b`` (see publish_files), else -1 with
+ * ValueError set. */
+static int
+sum_check(Sum sum, const Buffers *b)
+{
+    if (sum.of < 0)
+        return 0;
+    if (!crc_insn) {
+        PyErr_SetString(PyExc_ValueError, "no CRC-32C instruction here: checksum before publishing");
+        return -1;
+    }
+    if (sum.of < 1 || sum.of >= b->count || sum.at < 0 ||
+        (size_t)sum.at + 4 > b->iov[0].iov_len) {
+        PyErr_SetString(PyExc_ValueError,
+                        "crc_of must name a buffer after the first, and crc_at 4 bytes of the first");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 publish_file(PyObject *module, PyObject *args)
 {
@@ -541,21 +650,22 @@ publish_file(PyObject *module, PyObject *args)
     PyObject *tmp_obj = NULL, *path_obj = NULL; /* bytes, from PyUnicode_FSConverter */
     PyObject *seq_obj;
     int flags;
+    Sum sum = {-1, -1, 0};
     /* On failure the converters release what they made (Py_CLEANUP_SUPPORTED). */
-    if (!PyArg_ParseTuple(args, "O&O&Oi:publish_file", PyUnicode_FSConverter, &tmp_obj,
-                          PyUnicode_FSConverter, &path_obj, &seq_obj, &flags))
+    if (!PyArg_ParseTuple(args, "O&O&Oi|ii:publish_file", PyUnicode_FSConverter, &tmp_obj,
+                          PyUnicode_FSConverter, &path_obj, &seq_obj, &flags, &sum.of, &sum.at))
         return NULL;
     Buffers b;
     PyObject *result = NULL;
-    if (buffers_get(&b, seq_obj, 0) < 0)
+    if (buffers_get(&b, seq_obj, 0) < 0 || sum_check(sum, &b) < 0)
         goto out;
 
     const char *failed;
     ssize_t n;
     int err;
     Py_BEGIN_ALLOW_THREADS
-    err = publish_one(PyBytes_AS_STRING(tmp_obj), PyBytes_AS_STRING(path_obj), &b, flags, &n,
-                      &failed);
+    err = publish_one(PyBytes_AS_STRING(tmp_obj), PyBytes_AS_STRING(path_obj), &b, flags, sum,
+                      &n, &failed);
     Py_END_ALLOW_THREADS
 
     result = err ? oserror(err, failed) : PyLong_FromSsize_t(n);
@@ -576,7 +686,8 @@ typedef struct {
     ssize_t n;
     off_t size;
     const char *failed;
-    int crc_of;  /* reading: the buffer to checksum, -1 none */
+    int crc_of;  /* the buffer to checksum, -1 none */
+    int crc_at;  /* publishing: where in buffer 0 its checksum goes */
     size_t piece; /* reading: checksum crc_of piece by piece, 0 after the whole read */
     int has_crc; /* crc was computed */
     uint32_t crc;
@@ -609,14 +720,15 @@ items_get(PyObject *items_obj, int reading, Item **items, Py_ssize_t *ready)
     for (; *ready < count; (*ready)++) {
         Item *it = &(*items)[*ready];
         PyObject *tuple = PySequence_Fast_GET_ITEM(seq, *ready), *buffers;
-        it->crc_of = -1;
+        it->crc_of = it->crc_at = -1;
         int ok = reading
             ? PyArg_ParseTuple(tuple, "O&Oi|i;an item is (path, buffers, flags[, crc_of])",
                                PyUnicode_FSConverter, &it->path, &buffers, &it->flags,
                                &it->crc_of)
-            : PyArg_ParseTuple(tuple, "O&O&Oi;an item is (tmp, path, buffers, flags)",
+            : PyArg_ParseTuple(tuple,
+                               "O&O&Oi|ii;an item is (tmp, path, buffers, flags[, crc_of, crc_at])",
                                PyUnicode_FSConverter, &it->tmp, PyUnicode_FSConverter,
-                               &it->path, &buffers, &it->flags);
+                               &it->path, &buffers, &it->flags, &it->crc_of, &it->crc_at);
         if (!ok)
             goto fail;
         if (buffers_get(&it->b, buffers, reading) < 0) {
@@ -626,6 +738,10 @@ items_get(PyObject *items_obj, int reading, Item **items, Py_ssize_t *ready)
         if (reading && it->crc_of >= it->b.count) {
             (*ready)++;
             PyErr_SetString(PyExc_ValueError, "crc_of is not one of the item's buffers");
+            goto fail;
+        }
+        if (!reading && sum_check((Sum){it->crc_of, it->crc_at, 0}, &it->b) < 0) {
+            (*ready)++;
             goto fail;
         }
     }
@@ -977,8 +1093,9 @@ run_items(PyObject *items_obj, int reading, int threads, size_t piece)
     } else {
         for (Py_ssize_t i = 0; i < count; i++) {
             Item *it = &items[i];
+            Sum sum = {it->crc_of, it->crc_at, piece};
             it->err = publish_one(PyBytes_AS_STRING(it->tmp), PyBytes_AS_STRING(it->path),
-                                  &it->b, it->flags, &it->n, &it->failed);
+                                  &it->b, it->flags, sum, &it->n, &it->failed);
         }
     }
     Py_END_ALLOW_THREADS
@@ -1009,10 +1126,18 @@ out:
 }
 
 static PyObject *
-publish_files(PyObject *module, PyObject *items_obj)
+publish_files(PyObject *module, PyObject *args)
 {
     (void)module;
-    return run_items(items_obj, 0, 1, 0);
+    PyObject *items_obj;
+    Py_ssize_t piece = 0;
+    if (!PyArg_ParseTuple(args, "O|n:publish_files", &items_obj, &piece))
+        return NULL;
+    if (piece < 0) {
+        PyErr_SetString(PyExc_ValueError, "piece must not be negative");
+        return NULL;
+    }
+    return run_items(items_obj, 0, 1, (size_t)piece);
 }
 
 static PyObject *
@@ -1072,11 +1197,14 @@ out:
 
 static PyMethodDef methods[] = {
     {"publish_file", publish_file, METH_VARARGS,
-     "publish_file(tmp, path, buffers, flags) -> n: create tmp, writev, close, rename to "
-     "path, with the GIL released once."},
-    {"publish_files", publish_files, METH_O,
-     "publish_files(items) -> list: publish_file for each (tmp, path, buffers, flags), with "
-     "the GIL released once; per item bytes written (0: existed) or the OSError."},
+     "publish_file(tmp, path, buffers, flags[, crc_of, crc_at]) -> n: create tmp, writev, "
+     "close, rename to path, with the GIL released once; with crc_of, the CRC-32C of that "
+     "buffer is written little-endian at byte crc_at of the first."},
+    {"publish_files", publish_files, METH_VARARGS,
+     "publish_files(items, piece=0) -> list: publish_file for each (tmp, path, buffers, "
+     "flags[, crc_of, crc_at]), with the GIL released once; with piece, crc_of's buffer is "
+     "checksummed and written piece bytes at a time; per item bytes written (0: existed) or "
+     "the OSError."},
     {"read_files", read_files, METH_VARARGS,
      "read_files(items, threads=1, piece=0) -> list: open, readv, close for each (path, "
      "buffers, flags[, crc_of]), with the GIL released once, on up to threads threads at once; "

@@ -65,7 +65,7 @@ from kvstore_tiers.errors import (
     TransientError,
     classify,
 )
-from kvstore_tiers.frame import FrameCodec
+from kvstore_tiers.frame import CHECKSUM_AT, FrameCodec
 
 logger = logging.getLogger(__name__)
 
@@ -213,9 +213,9 @@ class FileSystemBackend(Backend):
         cap = self.capacity
         if cap is None:
             return [self._result(res, item) for item, res in
-                    zip(batch, fileio.publish_files(batch), strict=True)]
+                    zip(batch, fileio.publish_files(batch, self._crc_piece), strict=True)]
         out: list[int | BaseException] = []
-        sizes = [cap.size_on_disk(sum(len(p) for p in parts)) for _t, _p, parts, _f in batch]
+        sizes = [cap.size_on_disk(sum(len(p) for p in item[2])) for item in batch]
         while len(out) < len(batch):
             first = len(out)
             granted = cap.reserve(sizes[first:])
@@ -225,7 +225,7 @@ class FileSystemBackend(Backend):
                     f"{self.config.min_free_bytes} in {self.base}")] * (len(batch) - first)
                 break
             part = batch[first:first + granted]
-            for item, res, size in zip(part, fileio.publish_files(part),
+            for item, res, size in zip(part, fileio.publish_files(part, self._crc_piece),
                                        sizes[first:first + granted], strict=True):
                 result = self._result(res, item)  # never raises
                 cap.release(size, size if isinstance(result, int) and result > 0 else 0)
@@ -234,18 +234,18 @@ class FileSystemBackend(Backend):
 
     def _result(self, res: int | OSError, item: fileio.PublishItem) -> int | BaseException:
         try:
-            return self._published(res, item[1], item[2], item[3])
+            return self._published(res, item)
         except Exception as exc:
             return classify(exc)
 
-    def _published(self, res: int | OSError, path: str, parts: Sequence[Buffer],
-                   flags: int) -> int:
+    def _published(self, res: int | OSError, item: fileio.PublishItem) -> int:
         """One :func:`fileio.publish_files` outcome: bytes written, 0 if it
         existed already; a failure raises the tier's error for it."""
+        path = item[1]
         try:
             if isinstance(res, FileNotFoundError):  # a shard directory removed under us
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                res = fileio.publish_file(self._temp_name(path), path, parts, flags)
+                res = fileio.publish_file(self._temp_name(path), path, *item[2:])
             elif isinstance(res, OSError):
                 raise res
         except OSError as exc:
@@ -287,21 +287,24 @@ class FileSystemBackend(Backend):
         """Encode every item, then publish them all with one call (the GIL is
         given up once per batch, not once per file)."""
         # No existence check before encoding: the publish makes it inside its
-        # one GIL-free call (a separate stat was one more GIL wait per block);
-        # the price is a wasted checksum for a block another engine stored.
-        out, encoded = encode_batch(items, codec)
+        # one GIL-free call (a separate stat was one more GIL wait per block).
+        # That call also checksums a raw row as it writes it, as a load's
+        # read does: no GIL re-take per row, and on tmpfs while it is in cache.
+        sums = codec.raw_payloads and fileio.PUBLISH_CRC
+        out, encoded = encode_batch(items, codec, unsummed=sums)
         batch: list[fileio.PublishItem] = []
         headers = self._pages.header_pages(len(encoded))
         for i, header, payload in encoded:
             path = self.path(items[i].name)
+            crc = (1, CHECKSUM_AT) if sums and items[i].crc is None else ()
             if self.use_o_direct and len(header) == PAGE and len(payload) % PAGE == 0 \
                     and isinstance(payload, memoryview) and address(payload) % PAGE == 0:
                 # Raw payload straight from the page-aligned primary row.
                 hdr = headers[len(batch)]
                 hdr[:] = header
-                batch.append((self._temp_name(path), path, (hdr, payload), O_DIRECT))
+                batch.append((self._temp_name(path), path, (hdr, payload), O_DIRECT, *crc))
             else:
-                batch.append((self._temp_name(path), path, (header, payload), 0))
+                batch.append((self._temp_name(path), path, (header, payload), 0, *crc))
         for (i, _h, _p), res in zip(encoded, self._publish(batch), strict=True):
             out[i] = res
         return out

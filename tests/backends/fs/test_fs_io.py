@@ -311,9 +311,10 @@ def _check_read_checksums(tmp_path: Path, crc: Callable[[bytes], int], _fsio: An
             assert res == (cut, cut, None), (head, cut)
 
 
-def test_read_files_checksums_the_same_without_folding(tmp_path: Path) -> None:
-    """KVSTORE_TIERS_FS_CRC_FOLD=0: the three streams and one whole read, as
-    on a CPU without VPCLMULQDQ, give the same answers."""
+def test_reads_and_publishes_checksum_the_same_without_folding(tmp_path: Path) -> None:
+    """KVSTORE_TIERS_FS_CRC_FOLD=0: the three streams and one whole read (or
+    one writev after the checksum), as on a CPU without VPCLMULQDQ, give the
+    same answers."""
     pytest.importorskip("crc32c")
     from kvstore_tiers.backends.fs import _fsio
 
@@ -324,7 +325,10 @@ def test_read_files_checksums_the_same_without_folding(tmp_path: Path) -> None:
         "from kvstore_tiers.backends.fs import _fsio\n"
         "from tests.backends.fs.test_fs_io import _check_read_checksums\n"
         "assert _fsio.CRC32C_INSN and not _fsio.CRC32C_FOLD\n"
-        "_check_read_checksums(pathlib.Path(sys.argv[1]), crc32c.crc32c, _fsio, 256 * 1024)\n")
+        "from tests.backends.fs.test_fs_io import _check_publish_checksums\n"
+        "_check_read_checksums(pathlib.Path(sys.argv[1]), crc32c.crc32c, _fsio, 256 * 1024)\n"
+        "_check_publish_checksums(pathlib.Path(sys.argv[1]), crc32c.crc32c,"
+        " _fsio.publish_files, 256 * 1024)\n")
     env = {**os.environ, "KVSTORE_TIERS_FS_CRC_FOLD": "0"}
     run = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env,
                          cwd=Path(__file__).parents[3], capture_output=True, text=True,
@@ -568,6 +572,92 @@ def test_publish_files_refuses_a_bad_batch_before_writing_any_of_it(
         io.publish_files([good, (str(tmp_path / "b.tmp"), str(tmp_path / "b.kvf"), [42], 0)])
     with pytest.raises(ValueError):
         io.publish_files([good] * 65)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _check_publish_checksums(tmp_path: Path, crc: Callable[[bytes], int],
+                             publish_files: Callable[..., list[Any]], piece: int) -> None:
+    """(crc_of, crc_at): the file holds the header with the CRC-32C of buffer
+    crc_of put little-endian at crc_at, then every buffer as given, for every
+    length around the CRC's boundaries and the pieces, a header of a frame's
+    64 bytes or a page, and a buffer after the row; the caller's header is
+    not changed."""
+    span3, p = 3 * 8192, fileio.CRC_PIECE
+    lengths = (0, 1, 7, 9, 255, 256, 257, 4096, 4352, span3 + 1, p - 1, p, p + 1,
+               2 * p + 256 + 5, 2 << 20)
+    tmp_path = tmp_path / "publish"
+    tmp_path.mkdir(exist_ok=True)
+    for n in lengths:
+        for head, at, tail in ((64, 32, b""), (PAGE, 32, b""), (PAGE, PAGE - 4, b"tail"),
+                               (64, 0, b"")):
+            header, row = os.urandom(head), os.urandom(n)
+            parts = [header, memoryview(bytearray(row)), *([tail] if tail else [])]
+            path, tmp = tmp_path / "f.kvf", tmp_path / "f.tmp"
+            (res,) = publish_files([(str(tmp), str(path), parts, 0, 1, at)], piece)
+            assert res == head + n + len(tail), (n, head, res)
+            want = bytearray(header)
+            want[at:at + 4] = crc(row).to_bytes(4, "little")
+            assert path.read_bytes() == bytes(want) + row + tail, (n, head, at, piece)
+            assert parts[0] == header
+            path.unlink()
+            assert list(tmp_path.iterdir()) == []
+
+
+def test_publish_files_checksums_a_buffer_into_the_first(io, tmp_path: Path) -> None:
+    """A store's frame: the publish checksums the row as it writes it (a
+    piece at a time where the CRC folds), into the header's checksum field."""
+    crc32c = pytest.importorskip("crc32c")
+    for piece in (0, fileio.CRC_PIECE, 1000):
+        _check_publish_checksums(tmp_path, crc32c.crc32c, io.publish_files, piece)
+    # publish_file takes the same two fields; an existing object is not rewritten.
+    path = tmp_path / "one.kvf"
+    assert io.publish_file(str(tmp_path / "one.tmp"), str(path), [bytes(8), b"row"], 0,
+                           1, 2) == 11
+    assert path.read_bytes() == bytes(2) + crc32c.crc32c(b"row").to_bytes(4, "little") + \
+        bytes(2) + b"row"
+    assert io.publish_files([(str(tmp_path / "two.tmp"), str(path), [bytes(8), b"x"], 0,
+                              1, 0)], 1000) == [0]
+
+
+def test_publish_files_checksums_o_direct_writes_from_aligned_pages(tmp_path: Path) -> None:
+    """O_DIRECT: the checksum first, then one write of the aligned copy of
+    the header and the row (no pieces: the device's request stays whole)."""
+    crc32c = pytest.importorskip("crc32c")
+    if not fileio.NATIVE or not fileio.probe_o_direct(str(tmp_path)):
+        pytest.skip("needs the compiled calls and O_DIRECT here")
+    pages = mmap.mmap(-1, 3 * PAGE)
+    pages[:] = os.urandom(3 * PAGE)
+    view = memoryview(pages)
+    path = tmp_path / "d.kvf"
+    items = [(str(tmp_path / "d.tmp"), str(path), [view[:PAGE], view[PAGE:]], fileio.O_DIRECT,
+              1, 32)]
+    assert fileio.publish_files(items, fileio.CRC_PIECE) == [3 * PAGE]
+    want = bytearray(pages[:])
+    want[32:36] = crc32c.crc32c(pages[PAGE:]).to_bytes(4, "little")
+    assert path.read_bytes() == bytes(want)
+
+
+@pytest.mark.parametrize("piece", [0, 1000])
+def test_a_checksummed_publish_that_cannot_grow_the_file_leaves_nothing(
+    io, tmp_path: Path, piece: int
+) -> None:
+    # The row is written before the header where the CRC folds: its error,
+    # the file-size limit's EFBIG, is reported all the same.
+    path, tmp = tmp_path / "obj.kvf", tmp_path / "obj.tmp"
+    with _file_size_limit(PAGE):
+        (res,) = io.publish_files([(str(tmp), str(path), [bytes(PAGE), bytes(PAGE)], 0, 1, 32)],
+                                  piece)
+    assert isinstance(res, OSError) and res.errno in (errno.EIO, errno.EFBIG)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_publish_files_refuses_a_checksum_outside_the_buffers(io, tmp_path: Path) -> None:
+    good = (str(tmp_path / "a.tmp"), str(tmp_path / "a.kvf"), [bytes(64), b"row"], 0, 1, 32)
+    for crc_of, crc_at in ((0, 32), (2, 32), (1, 61), (1, -1)):
+        bad = (str(tmp_path / "b.tmp"), str(tmp_path / "b.kvf"), [bytes(64), b"row"], 0,
+               crc_of, crc_at)
+        with pytest.raises(ValueError):
+            io.publish_files([good, bad])
     assert list(tmp_path.iterdir()) == []
 
 

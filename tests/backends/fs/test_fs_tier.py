@@ -106,9 +106,9 @@ def test_stores_are_published_eight_files_per_call(harness_factory, tmp_path, mo
                         chunk_bytes=ROW)
     real, calls = fileio.publish_files, []
 
-    def counting(items):
+    def counting(items, *rest):
         calls.append(len(items))
-        return real(items)
+        return real(items, *rest)
 
     monkeypatch.setattr(fileio, "publish_files", counting)
     keys, rows = make_keys(20, seed=8), rows_like(20, ROW)
@@ -118,6 +118,37 @@ def test_stores_are_published_eight_files_per_call(harness_factory, tmp_path, mo
     h.forget_primary()
     ctx = h.new_request()
     assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 20
+    assert np.array_equal(h.load(keys, ctx), rows)
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_a_raw_row_is_checksummed_by_the_publish_call(harness_factory, tmp_path, monkeypatch,
+                                                     io_path, compression) -> None:
+    # A raw row's CRC-32C is computed inside the store batch's one call (no
+    # GIL re-take per row): the frame's checksum field, where frame.py says it
+    # is, holds the crc32c package's answer. A compressed payload is not the
+    # row, so its frame is checksummed before the call.
+    import crc32c
+
+    from kvstore_tiers import frame
+
+    h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "compression": compression}],
+                        chunk_bytes=ROW)
+    real, seen = fileio.publish_files, []
+    monkeypatch.setattr(fileio, "publish_files", lambda items, *rest:
+                        seen.extend(it[4:] for it in items) or real(items, *rest))
+    keys, rows = make_keys(6, seed=12), rows_like(6, ROW, seed=12)
+    h.store_all(keys, rows)
+    assert seen and set(seen) == ({(1, frame.CHECKSUM_AT)} if compression == "none" else {()})
+    for path in _objects(tmp_path):
+        header = frame.parse_header(path.read_bytes())
+        assert header.checksum != 0
+        if compression == "none":
+            row = path.read_bytes()[header.header_len:]
+            assert header.checksum == crc32c.crc32c(row)
+    h.forget_primary()
+    ctx = h.new_request()
+    assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 6
     assert np.array_equal(h.load(keys, ctx), rows)
 
 
@@ -421,7 +452,7 @@ def test_store_errors_fail_the_job_and_the_tier_stays_usable(
     # ENOSPC and EACCES cannot be had on demand here (the tests run as root
     # on a roomy disk): injected where the one publish call returns them.
     for code in (errno.ENOSPC, errno.EIO, errno.EACCES):
-        def failing(items, _code=code):
+        def failing(items, *_rest, _code=code):
             return [OSError(_code, os.strerror(_code), it[0]) for it in items]
         monkeypatch.setattr(fileio, "publish_files", failing)
         h.store_all(make_keys(2, seed=code), rows_like(2, ROW))
@@ -506,12 +537,12 @@ def test_in_flight_stores_are_skipped_and_only_reported_ones_hit(
     ctx = ReqContext(req_id="r1")
     gate, real_publish = threading.Event(), fileio.publish_files
 
-    def gated_publish(items):
+    def gated_publish(items, *rest):
         assert gate.wait(30)
         # Slot 3's row fails; the rest of its batch is written.
         return [OSError(errno.EIO, "Input/output error", it[0])
                 if len(it[2][1]) == ROW and bytes(it[2][1][:1]) == b"\x03"
-                else real_publish([it])[0] for it in items]
+                else real_publish([it], *rest)[0] for it in items]
 
     monkeypatch.setattr(fileio, "publish_files", gated_publish)
     for i in range(4):
