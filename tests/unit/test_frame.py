@@ -8,6 +8,7 @@ import pytest
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.errors import ObjectCorrupt
 from kvstore_tiers.frame import (
+    CHECKSUM_AT,
     FLAG_ENCRYPTED,
     HEADER_FIXED,
     FrameCodec,
@@ -198,3 +199,24 @@ def test_a_load_returns_the_checksum_it_verified_and_a_store_takes_a_given_one()
         == checksum(raw)
     given, _ = codec.encode(KEY, memoryview(raw), 12345)
     assert parse_header(given).checksum == 12345
+
+
+def test_an_unsummed_frame_leaves_its_checksum_to_the_writer() -> None:
+    """``unsummed``: the header's checksum field (at CHECKSUM_AT, 8 bytes) is
+    zero until the writer puts the row's CRC-32C there; the frame is corrupt
+    before and whole after. A known checksum wins; a payload that is not the
+    row (compressed) cannot be left to its writer."""
+    raw = np.random.default_rng(3).integers(0, 4, 8192, dtype=np.uint8).tobytes()
+    codec = FrameCodec(NS, CodecId.NONE, 4096)
+    header, payload = codec.encode(KEY, memoryview(raw), unsummed=True)
+    assert bytes(header[CHECKSUM_AT:CHECKSUM_AT + 8]) == bytes(8)
+    dest = memoryview(bytearray(len(raw)))
+    with pytest.raises(ObjectCorrupt):
+        codec.decode_into(KEY, bytes(header) + bytes(payload), dest)
+    header[CHECKSUM_AT:CHECKSUM_AT + 4] = checksum(raw).to_bytes(4, "little")
+    assert codec.decode_into(KEY, bytes(header) + bytes(payload), dest).checksum == checksum(raw)
+    assert bytes(dest) == raw
+    known, _ = codec.encode(KEY, memoryview(raw), 777, unsummed=True)
+    assert parse_header(known).checksum == 777
+    with pytest.raises(ValueError):
+        FrameCodec(NS, CodecId.ZSTD).encode(KEY, memoryview(raw), unsummed=True)

@@ -1,11 +1,12 @@
 /* kvstore_tiers.backends.fs._fsio: the fs tier's per-block file I/O, one
  * GIL-free call each.
  *
- * publish_file(tmp, path, buffers, flags) -> n
+ * publish_file(tmp, path, buffers, flags[, crc_of, crc_at]) -> n
  *
  *   Unless ``path`` exists already (then it returns 0 and writes nothing):
  *   creates ``tmp`` (O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | ``flags``, mode
- *   0644), writes ``buffers`` with one vectored write, closes it and renames
+ *   0644), writes ``buffers`` with one vectored write (with crc_of: below),
+ *   closes it and renames
  *   it to ``path``: an atomic publish. A rename that reports EEXIST lost a
  *   publish race to another writer of the same (content-addressed) object:
  *   ``tmp`` is removed and the result is 0, as if it had existed. A short
@@ -13,11 +14,21 @@
  *   kernel's reason (ENOSPC on a full disk; EIO only if no error is given).
  *   On any error ``tmp`` is removed and ``path`` is untouched.
  *
- * publish_files(items) -> list
+ * publish_files(items, piece=0) -> list
  *
- *   publish_file for each (tmp, path, buffers, flags) of ``items`` (at most
- *   64), with the GIL released once for all of them. Per item, in order: the
- *   bytes written (0: it existed) or the OSError it met, returned, not raised.
+ *   publish_file for each (tmp, path, buffers, flags[, crc_of, crc_at]) of
+ *   ``items`` (at most 64), with the GIL released once for all of them. Per
+ *   item, in order: the bytes written (0: it existed) or the OSError it met,
+ *   returned, not raised.
+ *
+ *   With crc_of (a buffer after the first; refused where the CPU has no
+ *   CRC-32C instruction), the CRC-32C of that buffer goes little-endian at
+ *   byte ``crc_at`` of a copy of buffer 0 (a frame's header), computed in
+ *   the same GIL-free stretch (write_summed). With ``piece`` > 0, where the
+ *   CPU folds the CRC and the flags lack O_DIRECT, that buffer is
+ *   checksummed and written ``piece`` bytes at a time, each while in cache,
+ *   and the header last; otherwise the checksum comes first, then the one
+ *   vectored write.
  *
  * read_files(items, threads=1, piece=0) -> list
  *
@@ -244,8 +255,8 @@ crc_streams(uint32_t c, const unsigned char *p, size_t n)
  * 128-bit remainder. Four registers of 64 bytes fold side by side, 256
  * bytes a step, so the multiplier's latency is hidden: several times the
  * three streams' rate on bytes in cache, which is what lets a read
- * checksum each piece as it lands (read_checksummed) for a few percent of
- * the copy's cost. The constants are powers of x modulo the polynomial,
+ * checksum each piece as it lands (read_checksummed), and a publish each
+ * piece before its write (write_summed), for a few percent of the copy's cost. The constants are powers of x modulo the polynomial,
  * computed at import. tests/backends/fs/test_fs_io.py checks it against
  * the crc32c package around every boundary, and with
  * KVSTORE_TIERS_FS_CRC_FOLD=0 (which turns folding off) the streams. */
@@ -550,9 +561,16 @@ write_summed(int fd, const Buffers *b, int flags, Sum sum, ssize_t *n)
     int hot = crc_fold && sum.piece > 0;
 #ifdef O_DIRECT
     hot = hot && !(flags & O_DIRECT);
+#else
+    (void)flags;
 #endif
     *n = -1;
     if (hot) {
+        /* The file at its full size first: a tmpfs mounted huge=within_size
+         * gives a range a huge page only when the file already covers it,
+         * and pieces written out of order never would. */
+        if (ftruncate(fd, (off_t)b->total) != 0)
+            err = errno;
         off_t at = 0;
         for (int i = 1; i < b->count && err == 0; at += (off_t)v[i].iov_len, i++) {
             const unsigned char *p = v[i].iov_base;
@@ -688,7 +706,7 @@ typedef struct {
     const char *failed;
     int crc_of;  /* the buffer to checksum, -1 none */
     int crc_at;  /* publishing: where in buffer 0 its checksum goes */
-    size_t piece; /* reading: checksum crc_of piece by piece, 0 after the whole read */
+    size_t piece; /* checksum crc_of piece by piece (0: the whole buffer at once) */
     int has_crc; /* crc was computed */
     uint32_t crc;
 } Item;
@@ -696,7 +714,8 @@ typedef struct {
 #define MAX_ITEMS 64
 
 /* Parse ``items_obj``, a sequence of at most MAX_ITEMS tuples -- (tmp, path,
- * buffers, flags) to publish, (path, buffers, flags) to read -- into a new
+ * buffers, flags[, crc_of, crc_at]) to publish, (path, buffers, flags[,
+ * crc_of]) to read -- into a new
  * array at *items, of which *ready entries hold references. Returns the
  * count, or -1 with an exception set; items_free() must follow either way. */
 static Py_ssize_t
@@ -1247,8 +1266,10 @@ PyInit__fsio(void)
     }
 #endif
     PyObject *m = PyModule_Create(&module_def);
+    /* PUBLISH_CRC: publish_files takes (crc_of, crc_at) and piece. */
     if (m != NULL && (PyModule_AddIntConstant(m, "CRC32C_INSN", crc_insn) < 0 ||
-                      PyModule_AddIntConstant(m, "CRC32C_FOLD", crc_fold) < 0)) {
+                      PyModule_AddIntConstant(m, "CRC32C_FOLD", crc_fold) < 0 ||
+                      PyModule_AddIntConstant(m, "PUBLISH_CRC", crc_insn) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -1,6 +1,6 @@
 """The fs tier's file operations, each one call.
 
-* :func:`publish_file` (tmp, path, buffers, flags) -> bytes written: 0 if
+* :func:`publish_file` (tmp, path, buffers, flags[, crc_of, crc_at]) -> bytes written: 0 if
   ``path`` exists already (nothing is written: objects are content-addressed,
   so another writer's copy is as good); else create ``tmp`` exclusively, one
   vectored write, close, rename to ``path``. A rename that reports EEXIST
@@ -66,6 +66,8 @@ import threading
 import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import crc32c
 
 __all__ = [
     "CRC_PIECE",
@@ -188,8 +190,8 @@ def tmpfs_small_pages(directory: str, mounts: str = "/proc/self/mounts",
     try:
         with open(shmem_enabled, encoding="ascii") as f:
             chosen = re.search(r"\[(\w+)\]", f.read())
-    except OSError:
-        chosen = None
+    except OSError:  # a kernel without transparent huge pages: no huge= to mount
+        return False
     if chosen is not None and chosen.group(1) in ("force", "deny"):
         return False
     return not {"huge=always", "huge=within_size"} & set(options)
@@ -258,14 +260,21 @@ def read_file_py(path: str, buffers: Sequence[Buffer], flags: int, crc_of: int =
         os.close(fd)
 
 
+def _check_sum(buffers: Sequence[Buffer], crc_of: int, crc_at: int) -> None:
+    """ValueError unless (crc_of, crc_at) fit ``buffers`` (see :func:`publish_files`)."""
+    if crc_of >= 0 and not (0 < crc_of < len(buffers)
+                            and 0 <= crc_at <= memoryview(buffers[0]).nbytes - 4):
+        raise ValueError("crc_of must name a buffer after the first, and crc_at 4 bytes "
+                         "of the first")
+
+
 def publish_file_py(tmp: str, path: str, buffers: Sequence[Buffer], flags: int,
                     crc_of: int = -1, crc_at: int = -1) -> int:
     """Pure-Python :func:`publish_file`."""
+    _check_sum(buffers, crc_of, crc_at)
     if os.path.exists(path):
         return 0
     if crc_of >= 0:
-        import crc32c
-
         with memoryview(buffers[0]) as first:
             # A copy of the header, page-aligned (mmap) where O_DIRECT wants it.
             head = mmap.mmap(-1, first.nbytes) if flags & O_DIRECT else bytearray(first.nbytes)
@@ -335,10 +344,8 @@ def _run_items(items: Sequence[tuple[Any, ...]], one: Callable[..., Any],
                     raise BufferError("buffers must be writable")
         if writable and len(item) > 3 and item[3] >= len(item[buffers_at]):
             raise ValueError("crc_of is not one of the item's buffers")
-        if not writable and len(item) > 4 and item[4] >= 0 and not (
-                0 < item[4] < len(item[2]) and 0 <= item[5] <= len(item[2][0]) - 4):
-            raise ValueError("crc_of must name a buffer after the first, and crc_at 4 bytes "
-                             "of the first")
+        if not writable and len(item) > 4:
+            _check_sum(item[2], item[4], item[5] if len(item) > 5 else -1)
     out: list[Any] = []
     for item in items:
         try:
@@ -383,6 +390,7 @@ NATIVE = read_files is not read_files_py
 #: Python twin does, the compiled call where the CPU has the CRC instruction.
 PUBLISH_CRC = True
 if NATIVE:
-    from kvstore_tiers.backends.fs._fsio import CRC32C_INSN
+    from kvstore_tiers.backends.fs import _fsio
 
-    PUBLISH_CRC = bool(CRC32C_INSN)
+    # An extension built before publish_files took checksums lacks the constant.
+    PUBLISH_CRC = bool(getattr(_fsio, "PUBLISH_CRC", 0))

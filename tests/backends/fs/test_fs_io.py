@@ -588,25 +588,32 @@ def _check_publish_checksums(tmp_path: Path, crc: Callable[[bytes], int],
     tmp_path = tmp_path / "publish"
     tmp_path.mkdir(exist_ok=True)
     for n in lengths:
-        for head, at, tail in ((64, 32, b""), (PAGE, 32, b""), (PAGE, PAGE - 4, b"tail"),
-                               (64, 0, b"")):
+        for head, at, mid, tail in ((64, 32, b"", b""), (PAGE, 32, b"", b""),
+                                    (PAGE, PAGE - 4, b"", b"tail"), (64, 0, b"mid", b"t")):
             header, row = os.urandom(head), os.urandom(n)
-            parts = [header, memoryview(bytearray(row)), *([tail] if tail else [])]
+            parts = [header, *([mid] if mid else []), memoryview(bytearray(row)),
+                     *([tail] if tail else [])]
             path, tmp = tmp_path / "f.kvf", tmp_path / "f.tmp"
-            (res,) = publish_files([(str(tmp), str(path), parts, 0, 1, at)], piece)
-            assert res == head + n + len(tail), (n, head, res)
+            (res,) = publish_files([(str(tmp), str(path), parts, 0, 2 if mid else 1, at)], piece)
+            assert res == head + len(mid) + n + len(tail), (n, head, res)
             want = bytearray(header)
             want[at:at + 4] = crc(row).to_bytes(4, "little")
-            assert path.read_bytes() == bytes(want) + row + tail, (n, head, at, piece)
+            assert path.read_bytes() == bytes(want) + mid + row + tail, (n, head, at, piece)
             assert parts[0] == header
             path.unlink()
             assert list(tmp_path.iterdir()) == []
+
+
+def _publish_crc_or_skip(io: SimpleNamespace) -> None:
+    if io.publish_files is not fileio.publish_files_py and not fileio.PUBLISH_CRC:
+        pytest.skip("no CRC-32C instruction on this CPU: the frame checksums before publishing")
 
 
 def test_publish_files_checksums_a_buffer_into_the_first(io, tmp_path: Path) -> None:
     """A store's frame: the publish checksums the row as it writes it (a
     piece at a time where the CRC folds), into the header's checksum field."""
     crc32c = pytest.importorskip("crc32c")
+    _publish_crc_or_skip(io)
     for piece in (0, fileio.CRC_PIECE, 1000):
         _check_publish_checksums(tmp_path, crc32c.crc32c, io.publish_files, piece)
     # publish_file takes the same two fields; an existing object is not rewritten.
@@ -643,12 +650,61 @@ def test_a_checksummed_publish_that_cannot_grow_the_file_leaves_nothing(
 ) -> None:
     # The row is written before the header where the CRC folds: its error,
     # the file-size limit's EFBIG, is reported all the same.
+    _publish_crc_or_skip(io)
     path, tmp = tmp_path / "obj.kvf", tmp_path / "obj.tmp"
     with _file_size_limit(PAGE):
         (res,) = io.publish_files([(str(tmp), str(path), [bytes(PAGE), bytes(PAGE)], 0, 1, 32)],
                                   piece)
     assert isinstance(res, OSError) and res.errno in (errno.EIO, errno.EFBIG)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checksummed_publish_that_fills_the_disk_midway_leaves_nothing(
+    io, tmp_path: Path
+) -> None:
+    # A full tmpfs part-way through the row's pieces: ENOSPC for that item,
+    # no temp file, and the next item (one that fits) is written whole.
+    _publish_crc_or_skip(io)
+    with _tmpfs(tmp_path / "small", 256 << 10) as disk:
+        big, small = os.urandom(1 << 20), os.urandom(100)
+        out = io.publish_files([
+            (str(disk / "b.tmp"), str(disk / "b.kvf"), [bytes(PAGE), big], 0, 1, 32),
+            (str(disk / "s.tmp"), str(disk / "s.kvf"), [bytes(PAGE), small], 0, 1, 32)], 1000)
+        assert isinstance(out[0], OSError) and out[0].errno == errno.ENOSPC
+        assert out[1] == PAGE + 100 and sorted(p.name for p in disk.iterdir()) == ["s.kvf"]
+
+
+def _shmem_huge_pages() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("ShmemHugePages:"):
+            return int(line.split()[1]) << 10
+    return 0
+
+
+def test_a_piece_wise_publish_keeps_a_huge_page_tmpfs_in_huge_pages(tmp_path: Path) -> None:
+    """On a tmpfs mounted huge=within_size, files written piece by piece (the
+    header last) get huge pages as one write would: the file is sized first."""
+    policy = Path("/sys/kernel/mm/transparent_hugepage/shmem_enabled")
+    if not fileio.NATIVE or not fileio.PUBLISH_CRC or not policy.exists() or \
+            "[deny]" in policy.read_text():
+        pytest.skip("needs the compiled calls with checksums and tmpfs huge pages")
+    disk = tmp_path / "huge"
+    disk.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m,huge=within_size", "tmpfs",
+                        str(disk)], capture_output=True, text=True, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        row = os.urandom(4 << 20)
+        before = _shmem_huge_pages()
+        for i in range(4):
+            assert fileio.publish_files([(str(disk / f"{i}.tmp"), str(disk / f"{i}.kvf"),
+                                          [bytes(PAGE), row], 0, 1, 32)], fileio.CRC_PIECE) \
+                == [PAGE + len(row)]
+        # Each file's first two 2 MiB ranges lie inside it (its last page does not).
+        assert _shmem_huge_pages() - before >= 4 * (4 << 20) * 3 // 4
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], capture_output=True, check=False)
 
 
 def test_publish_files_refuses_a_checksum_outside_the_buffers(io, tmp_path: Path) -> None:
@@ -727,6 +783,39 @@ def test_the_fs_tier_reports_a_full_disk_as_no_space_left(tmp_path: Path) -> Non
         assert failed and all(isinstance(r, TransientError) for r in failed)
         assert all("No space left on device" in str(r) for r in failed), failed[0]
         backend.close()
+
+
+def test_a_store_sends_a_row_whose_checksum_is_known_without_asking_for_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A row stored with its CRC-32C known (a read-through fill) is not
+    checksummed again; one without is checksummed by the publish call. Both
+    frames carry the row's CRC-32C."""
+    crc32c = pytest.importorskip("crc32c")
+    from kvstore_tiers.backends.fs import FileSystemBackend, FsConfig
+    from kvstore_tiers.batching import StoreItem
+    from kvstore_tiers.codecs import CodecId
+    from kvstore_tiers.frame import CHECKSUM_AT, FrameCodec, parse_header
+    from kvstore_tiers.namespace import Namespace
+
+    ns = Namespace.from_run_config({"model_name": "known-crc"})
+    backend = FileSystemBackend(FsConfig(root_dir=str(tmp_path)), ns)
+    backend.open()
+    codec = FrameCodec(ns.digest, CodecId.NONE, backend.tuning.header_align)
+    real, sent = fileio.publish_files, []
+    monkeypatch.setattr(fileio, "publish_files",
+                        lambda items, *rest: sent.extend(it[4:] for it in items)
+                        or real(items, *rest))
+    rows = [memoryview(bytearray(os.urandom(8192))) for _ in range(2)]
+    keys = [i.to_bytes(32, "big") + bytes(4) for i in range(2)]
+    items = [StoreItem(ns.object_name(keys[0]), keys[0], rows[0]),
+             StoreItem(ns.object_name(keys[1]), keys[1], rows[1], crc32c.crc32c(rows[1]))]
+    assert all(isinstance(r, int) and r > 0 for r in backend.store_many(items, codec))
+    assert sent == [(1, CHECKSUM_AT) if fileio.PUBLISH_CRC else (), ()]
+    for item, row in zip(items, rows, strict=True):
+        assert parse_header(Path(backend.path(item.name)).read_bytes()).checksum == \
+            crc32c.crc32c(row)
+    backend.close()
 
 
 _RACE_SHIM = r"""
