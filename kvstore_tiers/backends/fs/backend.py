@@ -68,6 +68,8 @@ from kvstore_tiers.errors import (
 from kvstore_tiers.frame import CHECKSUM_AT, FrameCodec
 
 logger = logging.getLogger(__name__)
+#: A publish item's tail asking for the row's (its second buffer's) checksum in the header.
+_SUM_ROW = (1, CHECKSUM_AT)
 
 # Stores: up to eight files per I/O task, one GIL-free call for the eight:
 # per-file GIL round trips and pool hand-offs were what kept small stores
@@ -296,7 +298,7 @@ class FileSystemBackend(Backend):
         headers = self._pages.header_pages(len(encoded))
         for i, header, payload in encoded:
             path = self.path(items[i].name)
-            crc = (1, CHECKSUM_AT) if sums and items[i].crc is None else ()
+            crc = _SUM_ROW if sums and items[i].crc is None else ()
             if self.use_o_direct and len(header) == PAGE and len(payload) % PAGE == 0 \
                     and isinstance(payload, memoryview) and address(payload) % PAGE == 0:
                 # Raw payload straight from the page-aligned primary row.
