@@ -6,8 +6,7 @@
  *   Unless ``path`` exists already (then it returns 0 and writes nothing):
  *   creates ``tmp`` (O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC | ``flags``, mode
  *   0644), writes ``buffers`` with one vectored write (with crc_of: below),
- *   closes it and renames
- *   it to ``path``: an atomic publish. A rename that reports EEXIST lost a
+ *   closes it and renames it to ``path``: an atomic publish. A rename that reports EEXIST lost a
  *   publish race to another writer of the same (content-addressed) object:
  *   ``tmp`` is removed and the result is 0, as if it had existed. A short
  *   write is followed by a write of the rest, so an error carries the
@@ -256,8 +255,9 @@ crc_streams(uint32_t c, const unsigned char *p, size_t n)
  * bytes a step, so the multiplier's latency is hidden: several times the
  * three streams' rate on bytes in cache, which is what lets a read
  * checksum each piece as it lands (read_checksummed), and a publish each
- * piece before its write (write_summed), for a few percent of the copy's cost. The constants are powers of x modulo the polynomial,
- * computed at import. tests/backends/fs/test_fs_io.py checks it against
+ * piece before its write (write_summed), for a few percent of the copy's
+ * cost. The constants are powers of x modulo the polynomial, computed at
+ * import. tests/backends/fs/test_fs_io.py checks it against
  * the crc32c package around every boundary, and with
  * KVSTORE_TIERS_FS_CRC_FOLD=0 (which turns folding off) the streams. */
 #define HAVE_CRC_FOLD 1
