@@ -35,6 +35,8 @@ from typing import Any
 
 import pytest
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 # ------------------------------------------------------------------------- redis
 REDIS_SERVER = shutil.which("redis-server")
@@ -65,11 +67,24 @@ def _port_free(port: int) -> bool:
     return True
 
 
+def _ephemeral_low() -> int:
+    """The first port the kernel hands out to outgoing connections."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):  # pragma: no cover - not Linux
+        return 32768
+
+
 def free_cluster_port() -> int:
-    """A free port P <= 55535 whose cluster bus port P+10000 is free too."""
+    """A free port P whose cluster bus port P+10000 is free too.
+
+    Both lie below the kernel's ephemeral range, so no client connection of
+    this test run can take either between this check and the node's bind.
+    """
     rng = random.Random()
+    top = max(_ephemeral_low() - 10000, 12000)
     for _ in range(200):
-        port = rng.randrange(20000, 45000)
+        port = rng.randrange(10000, top)
         if _port_free(port) and _port_free(port + 10000):
             return port
     raise RuntimeError("no free port pair for a cluster node")
@@ -79,11 +94,15 @@ class RedisServer:
     """One redis-server process. ``args`` are extra command-line options."""
 
     def __init__(self, workdir: Path, args: list[str] | None = None, port: int | None = None,
-                 tls: dict[str, str] | None = None) -> None:
+                 tls: dict[str, str] | None = None,
+                 pick_port: Callable[[], int] = free_port) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.args = list(args or [])
-        self.port = port or free_port()
+        # A port we picked may be taken between the pick and the server's bind
+        # (by any other process); then the first start picks again.
+        self._pick_port = None if port else pick_port
+        self.port = port or pick_port()
         self.tls = tls  # client kwargs for a TLS-only server (then PING goes over TLS)
         self.proc: subprocess.Popen[bytes] | None = None
         self.password: str | None = None
@@ -94,14 +113,27 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def client(self) -> redis.Redis:
-        """A plain admin client (not the tier's)."""
+    def client(self, probe: bool = False) -> redis.Redis:
+        """A plain admin client (not the tier's); ``probe``: one short try."""
         kw: dict[str, Any] = {"socket_timeout": 5, "password": self.password}
+        if probe:  # whatever else holds the port may never answer
+            kw.update(socket_timeout=0.5, retry=Retry(NoBackoff(), 0))
         if self.tls:
             kw.update(ssl=True, **self.tls)
         return redis.Redis(host="127.0.0.1", port=self.port, **kw)
 
     def start(self) -> RedisServer:
+        for _ in range(5):
+            try:
+                return self._start_once()
+            except (RuntimeError, TimeoutError):
+                self.kill()
+                if self._pick_port is None or "Address already in use" not in self.log_tail():
+                    raise
+                self.port = self._pick_port()
+        raise RuntimeError(f"redis-server found no free port: {self.log_tail()}")
+
+    def _start_once(self) -> RedisServer:
         port_args = ["--port", str(self.port)]
         if self.tls:
             port_args = ["--port", "0", "--tls-port", str(self.port)]
@@ -112,6 +144,7 @@ class RedisServer:
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.wait_ready()
+        self._pick_port = None  # a restart comes back on this port
         return self
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:
@@ -122,7 +155,7 @@ class RedisServer:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"redis-server exited: {self.log_tail()}")
             try:
-                with self.client() as c:
+                with self.client(probe=True) as c:
                     if c.ping():
                         return
             except (redis.ConnectionError, redis.TimeoutError, OSError):
@@ -191,7 +224,7 @@ class RedisCluster:
                 # Keep serving the healthy nodes' slots when one master is down
                 # (what a replica-less cache cluster wants; see docs/redis.md).
                 "--cluster-require-full-coverage", "no",
-            ], port=free_cluster_port())
+            ], pick_port=free_cluster_port)
             for i in range(3)
         ]
 
@@ -249,6 +282,33 @@ def moto_server_bin() -> str:
     return str(path)
 
 
+def _start_moto(env: dict[str, str] | None, tls: tuple[str, str, str] | None,
+                ctx: ssl.SSLContext | None) -> tuple[subprocess.Popen[bytes] | None, str]:
+    """moto_server on a port free a moment ago, once it answers; None if it exits."""
+    port = free_port()
+    args = [moto_server_bin(), "-H", "127.0.0.1", "-p", str(port)]
+    if tls is not None:
+        args += ["-c", tls[0], "-k", tls[1]]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, **(env or {})},
+    )
+    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        if proc.poll() is not None:
+            return None, url
+        try:
+            urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=1, context=ctx).read()
+            return proc, url
+        except OSError:
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                raise RuntimeError("moto_server did not answer within 30s") from None
+            time.sleep(0.1)  # polling for server start-up, not a test condition
+
+
 @contextlib.contextmanager
 def run_moto(env: dict[str, str] | None = None, *,
              tls: tuple[str, str, str] | None = None) -> Iterator[str]:
@@ -257,31 +317,16 @@ def run_moto(env: dict[str, str] | None = None, *,
     ``tls=(cert, key, ca)``: serve https with that certificate (the start-up
     probe trusts ``ca``).
     """
-    port = free_port()
-    args = [moto_server_bin(), "-H", "127.0.0.1", "-p", str(port)]
     ctx = None
     if tls is not None:
-        cert, key, ca = tls
-        args += ["-c", cert, "-k", key]
-        ctx = ssl.create_default_context(cafile=ca)
-    proc = subprocess.Popen(
-        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-    )
-    url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
+        ctx = ssl.create_default_context(cafile=tls[2])
+    for _ in range(5):  # a port taken between the pick and moto's bind: pick again
+        proc, url = _start_moto(env, tls, ctx)
+        if proc is not None:
+            break
+    else:
+        raise RuntimeError("moto_server exited at start five times")
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"moto_server exited with {proc.returncode}")
-            try:
-                urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=1,
-                                       context=ctx).read()
-                break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("moto_server did not answer within 30s") from None
-                time.sleep(0.1)  # polling for server start-up, not a test condition
         yield url
     finally:
         proc.terminate()

@@ -7,6 +7,7 @@ while the other masters' keys still load -- no exception into vLLM.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import numpy as np
@@ -87,3 +88,28 @@ def test_cluster_node_down_fails_its_keys_only(redis_cluster, harness_factory):
     h.store_all(more, more_rows)
     c = tier.counters
     assert c.objects_stored > 32 and c.objects_stored + c.store_failures == 48
+
+
+def test_a_node_whose_port_was_taken_after_the_pick_starts_on_another(tmp_path) -> None:
+    """The harness itself: a port taken between the pick and redis-server's
+    bind (by any process on the machine) costs a retry, not the test run."""
+    from ...servers import RedisServer, free_cluster_port, need_redis_server
+
+    need_redis_server()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        picks = iter([busy])
+        srv = RedisServer(tmp_path / "node", pick_port=lambda: next(picks, free_cluster_port()))
+        assert srv.port == busy
+        try:
+            srv.start()
+            assert srv.port != busy
+            with srv.client() as c:
+                assert c.ping()
+            srv.restart()  # a restart keeps the port it found
+            with srv.client() as c:
+                assert c.ping()
+        finally:
+            srv.stop()
