@@ -104,6 +104,11 @@ from kvstore_tiers.cli._common import require_extra
 @click.option("--min-sightings", type=click.IntRange(2, 15), default=2, show_default=True,
               help="--trace: the reuse policy's admission_min_sightings (and the "
               "reference's write-on-Nth-sight).")
+@click.option("--scheduler-only", is_flag=True,
+              help="fs: measure only the scheduler-thread cost of both fs tiers (p50/p99 "
+              "per call, the GC phase fixed and drawn at random), in a process that has "
+              "measured nothing before: for A/Bs of changes off the scheduler thread, "
+              "which reach it only through the GIL.")
 @click.option("--load-trace", "load_trace", is_flag=True,
               help="Where a load's time goes: our fs tier with the load trace on and vLLM's "
               "stock fs tier observed from outside, alternating rounds, each storing "
@@ -143,7 +148,8 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           n_requests: int | None, primary_blocks: int | None, min_sightings: int,
           load_trace: bool, load_trace_file: Path | None, tier_keys: tuple[str, ...],
           nodes: int | None, routings: tuple[str, ...], read_through: str | None,
-          affinity_blocks: int | None, busy_scheduler: bool) -> None:
+          affinity_blocks: int | None, busy_scheduler: bool, scheduler_only: bool
+          ) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
@@ -162,6 +168,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
       kvstore-tiers bench --engine --pairs 6
       kvstore-tiers bench --backpressure
       kvstore-tiers bench --load-trace --chunk-kib 2048 --rounds 4
+      kvstore-tiers bench --scheduler-only --dir /dev/shm/kv-bench
       kvstore-tiers bench --load-trace-summary /tmp/engine-load-trace.jsonl
       kvstore-tiers bench --trace mooncake-conversation.jsonl --requests 3000 \\
           --policy always --policy reuse --tier fs --tier redis --samples DIR
@@ -193,6 +200,9 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         return
     if busy_scheduler:
         raise click.UsageError("--busy-scheduler only applies to --load-trace")
+    if scheduler_only and (trace_path or engine or backpressure):
+        raise click.UsageError("--scheduler-only does not apply to --trace, --engine or "
+                               "--backpressure")
     trace_only = ("policies", "capacities", "n_requests", "primary_blocks", "min_sightings",
                   "tier_keys", "nodes", *bench_trace.FLEET_ONLY)
     given = [n for n in trace_only
@@ -269,6 +279,14 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
     if rounds:
         plan.rounds = rounds
     plan.reload_rounds = reload_rounds
+    if scheduler_only:
+        given = [n for n in ("quick", "chunk_kib", "total_mib", "rounds", "reload_rounds",
+                             "samples_dir")
+                 if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+        if given or plan.tiers != ("fs",):
+            raise click.UsageError(f"--scheduler-only measures the fs tiers' scheduler-thread "
+                                   f"cost alone; drop {_flags(given) or '--tier'}")
+        plan.scheduler_only, plan.samples_dir = True, None
     # Wide tables: never squeeze them into 80 columns when writing to a pipe or a file.
     console = Console() if sys.stdout.isatty() else Console(width=200)
     steps = (plan.fs_steps() if "fs" in plan.tiers else 0) + 2 * (

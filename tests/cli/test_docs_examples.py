@@ -157,6 +157,8 @@ COVERED_BY: list[tuple[str, str]] = [
      r"^export KVSTORE_KV_SAMPLES=", "tests/tools/test_trace_bench.py"),
     (r"kvstore-tiers bench --engine", "tests/e2e/test_engine_bench_e2e.py"),
     (r"kvstore-tiers bench --backpressure", "tests/tools/test_backpressure_bench.py"),
+    (r"kvstore-tiers bench --scheduler-only|bench-ab\.sh .*--scheduler-only",
+     "tests/tools/test_scheduler_only_bench.py"),
     (r"kvstore-tiers bench .*--redis-url", "tests/tools/test_redis_bench_external.py"),
     (r"kvstore-tiers bench .*--s3-bucket", "tests/tools/test_s3_bench_external.py"),
     (r"kvstore-tiers bench", "tests/tools/test_fs_bench_reload.py"),

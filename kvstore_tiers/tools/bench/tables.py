@@ -102,7 +102,7 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
         for table in engine_tables(result["engine"]):
             console.print(table)
     fs = result.get("fs")
-    if fs:
+    if fs and fs["throughput"]:
         disk = "disk O_DIRECT" if fs.get("disk_o_direct", True) else "disk buffered (no O_DIRECT)"
         t = Table(title=f"fs: kvstore-tiers vs vLLM stock fs tier vs {disk} "
                   "(GB/s, median of rounds; x: ours/vLLM balanced over AB/BA round pairs; "
@@ -124,6 +124,7 @@ def print_tables(result: dict[str, Any], console: Any = None) -> None:
                       f"{r.get('kvstore_steps_to_hit', '?')}/{r.get('vllm_steps_to_hit', '?')}")
         console.print(t)
         console.print(_cpu_table(fs["throughput"], result.get("reference")))
+    if fs:
         if fs.get("reload"):
             console.print(_reload_table(fs["reload"]))
         for section, phase in (("scheduler", "the waves fix the GC's phase"),
