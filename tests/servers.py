@@ -20,16 +20,18 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -75,19 +77,30 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def free_cluster_port() -> int:
-    """A free port P whose cluster bus port P+10000 is free too.
+#: A cluster node's bus port is its port + this (Redis's rule).
+CLUSTER_BUS = 10000
 
-    Both lie below the kernel's ephemeral range, so no client connection of
-    this test run can take either between this check and the node's bind.
+
+def free_low_port(span: int = 0, taken: Collection[int] = ()) -> int:
+    """A free 127.0.0.1 port P, not in ``taken``, with P + ``span`` (a cluster
+    node's bus port) free and not in ``taken`` too.
+
+    Both lie below the kernel's ephemeral range where it starts at 12000 +
+    ``span`` or above (Linux's default is 32768), so no client connection of
+    this test run can take either between this check and the server's bind.
     """
     rng = random.Random()
-    top = max(_ephemeral_low() - 10000, 12000)
+    top = max(_ephemeral_low() - span, 12000)
     for _ in range(200):
         port = rng.randrange(10000, top)
-        if _port_free(port) and _port_free(port + 10000):
+        ports = {port, port + span}
+        if not ports & set(taken) and all(_port_free(p) for p in ports):
             return port
-    raise RuntimeError("no free port pair for a cluster node")
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+#: redis-server's line when its TCP or TLS port (or a cluster bus port) is taken.
+_BIND_FAILED = re.compile(r"Could not create server \w+ listening socket .*Address already in use")
 
 
 class RedisServer:
@@ -95,7 +108,7 @@ class RedisServer:
 
     def __init__(self, workdir: Path, args: list[str] | None = None, port: int | None = None,
                  tls: dict[str, str] | None = None,
-                 pick_port: Callable[[], int] = free_port) -> None:
+                 pick_port: Callable[[], int] = free_low_port) -> None:
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.args = list(args or [])
@@ -105,6 +118,7 @@ class RedisServer:
         self.port = port or pick_port()
         self.tls = tls  # client kwargs for a TLS-only server (then PING goes over TLS)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_from = 0  # where the last start's lines begin in its log
         self.password: str | None = None
         if "--requirepass" in self.args:
             self.password = self.args[self.args.index("--requirepass") + 1]
@@ -128,10 +142,11 @@ class RedisServer:
                 return self._start_once()
             except (RuntimeError, TimeoutError):
                 self.kill()
-                if self._pick_port is None or "Address already in use" not in self.log_tail():
+                tail = self._attempt_log()[-2000:]
+                if self._pick_port is None or not _BIND_FAILED.search(tail):
                     raise
                 self.port = self._pick_port()
-        raise RuntimeError(f"redis-server found no free port: {self.log_tail()}")
+        raise RuntimeError(f"redis-server found no free port; its last try: {tail}")
 
     def _start_once(self) -> RedisServer:
         port_args = ["--port", str(self.port)]
@@ -140,7 +155,9 @@ class RedisServer:
         cmd = [need_redis_server(), *port_args, "--bind", "127.0.0.1", "--save", "",
                "--appendonly", "no", "--dir", str(self.workdir), "--daemonize", "no",
                *self.args]
-        log = open(self.workdir / f"redis-{self.port}.log", "ab")  # noqa: SIM115
+        path = self._log_path()
+        self._log_from = path.stat().st_size if path.exists() else 0
+        log = open(path, "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.wait_ready()
@@ -148,7 +165,10 @@ class RedisServer:
         return self
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:
-        """Wait until the server answers PING (it takes a few ms to start)."""
+        """Wait until this process answers PING (it takes a few ms to start).
+
+        Another server that holds the port may answer first: the PID tells them
+        apart, and this process then exits, unable to bind."""
         deadline = time.monotonic() + timeout_s
         while True:
             assert self.proc is not None
@@ -156,7 +176,7 @@ class RedisServer:
                 raise RuntimeError(f"redis-server exited: {self.log_tail()}")
             try:
                 with self.client(probe=True) as c:
-                    if c.ping():
+                    if c.ping() and c.info("server")["process_id"] == self.proc.pid:
                         return
             except (redis.ConnectionError, redis.TimeoutError, OSError):
                 pass
@@ -164,8 +184,20 @@ class RedisServer:
                 raise TimeoutError(f"redis-server not ready: {self.log_tail()}")
             time.sleep(0.01)
 
+    def _log_path(self) -> Path:
+        return self.workdir / f"redis-{self.port}.log"
+
+    def _attempt_log(self) -> str:
+        """What the last start wrote to its log."""
+        path = self._log_path()
+        if not path.exists():
+            return ""
+        with path.open("rb") as f:
+            f.seek(self._log_from)
+            return f.read().decode(errors="replace")
+
     def log_tail(self) -> str:
-        path = self.workdir / f"redis-{self.port}.log"
+        path = self._log_path()
         return path.read_text(errors="replace")[-2000:] if path.exists() else ""
 
     def kill(self) -> None:
@@ -216,6 +248,13 @@ class RedisCluster:
     """Three masters on loopback, slots split by ``redis-cli --cluster create``."""
 
     def __init__(self, workdir: Path) -> None:
+        chosen: set[int] = set()
+
+        def pick() -> int:  # three nodes: six distinct ports, bus ports included
+            port = free_low_port(CLUSTER_BUS, chosen)
+            chosen.update((port, port + CLUSTER_BUS))
+            return port
+
         self.nodes = [
             RedisServer(workdir / f"node{i}", [
                 "--cluster-enabled", "yes",
@@ -224,7 +263,7 @@ class RedisCluster:
                 # Keep serving the healthy nodes' slots when one master is down
                 # (what a replica-less cache cluster wants; see docs/redis.md).
                 "--cluster-require-full-coverage", "no",
-            ], pick_port=free_cluster_port)
+            ], pick_port=pick)
             for i in range(3)
         ]
 
@@ -284,29 +323,37 @@ def moto_server_bin() -> str:
 
 def _start_moto(env: dict[str, str] | None, tls: tuple[str, str, str] | None,
                 ctx: ssl.SSLContext | None) -> tuple[subprocess.Popen[bytes] | None, str]:
-    """moto_server on a port free a moment ago, once it answers; None if it exits."""
-    port = free_port()
+    """moto_server on a port free a moment ago, once it answers; (None, url)
+    if that port was taken before moto could bind it. Any other early exit
+    raises with moto's own words."""
+    port = free_low_port()
     args = [moto_server_bin(), "-H", "127.0.0.1", "-p", str(port)]
     if tls is not None:
         args += ["-c", tls[0], "-k", tls[1]]
-    proc = subprocess.Popen(
-        args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
-    )
     url = f"{'https' if tls else 'http'}://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        if proc.poll() is not None:
-            return None, url
+    with tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=err,
+                                env={**os.environ, **(env or {})})
         try:
-            urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=1, context=ctx).read()
-            return proc, url
-        except OSError:
-            if time.monotonic() > deadline:
-                proc.kill()
-                proc.wait()
-                raise RuntimeError("moto_server did not answer within 30s") from None
-            time.sleep(0.1)  # polling for server start-up, not a test condition
+            deadline = time.monotonic() + 30
+            while proc.poll() is None:
+                try:
+                    urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=1,
+                                           context=ctx).read()
+                    return proc, url
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("moto_server did not answer within 30s") from None
+                    time.sleep(0.1)  # polling for server start-up, not a test condition
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        err.seek(0)
+        said = err.read().decode(errors="replace")
+    if "is in use by another program" in said:  # werkzeug's words for EADDRINUSE
+        return None, url
+    raise RuntimeError(f"moto_server exited with {proc.returncode}: {said[-2000:]}")
 
 
 @contextlib.contextmanager
@@ -325,7 +372,7 @@ def run_moto(env: dict[str, str] | None = None, *,
         if proc is not None:
             break
     else:
-        raise RuntimeError("moto_server exited at start five times")
+        raise RuntimeError("moto_server found every picked port taken, five times")
     try:
         yield url
     finally:

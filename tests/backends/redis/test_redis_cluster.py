@@ -7,10 +7,12 @@ while the other masters' keys still load -- no exception into vLLM.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 from typing import Any
 
 import numpy as np
+import pytest
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.admin.harness import make_keys
@@ -90,26 +92,34 @@ def test_cluster_node_down_fails_its_keys_only(redis_cluster, harness_factory):
     assert c.objects_stored > 32 and c.objects_stored + c.store_failures == 48
 
 
-def test_a_node_whose_port_was_taken_after_the_pick_starts_on_another(tmp_path) -> None:
+@pytest.mark.parametrize("holder", ["socket", "redis"])
+def test_a_server_whose_port_was_taken_after_the_pick_starts_on_another(tmp_path, holder) -> None:
     """The harness itself: a port taken between the pick and redis-server's
-    bind (by any process on the machine) costs a retry, not the test run."""
-    from ...servers import RedisServer, free_cluster_port, need_redis_server
+    bind (by any process on the machine) costs a retry, not the test run; a
+    Redis already there is not mistaken for the one started."""
+    from ...servers import RedisServer, free_low_port, need_redis_server
 
     need_redis_server()
-    with socket.socket() as taken:
-        taken.bind(("127.0.0.1", 0))
-        taken.listen()
-        busy = taken.getsockname()[1]
+    with contextlib.ExitStack() as stack:
+        if holder == "socket":
+            taken = stack.enter_context(socket.socket())
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            busy = taken.getsockname()[1]
+        else:
+            other = RedisServer(tmp_path / "other").start()
+            stack.callback(other.stop)
+            busy = other.port
         picks = iter([busy])
-        srv = RedisServer(tmp_path / "node", pick_port=lambda: next(picks, free_cluster_port()))
+        srv = RedisServer(tmp_path / "node", pick_port=lambda: next(picks, free_low_port()))
         assert srv.port == busy
-        try:
-            srv.start()
-            assert srv.port != busy
-            with srv.client() as c:
-                assert c.ping()
-            srv.restart()  # a restart keeps the port it found
-            with srv.client() as c:
-                assert c.ping()
-        finally:
-            srv.stop()
+        stack.callback(srv.stop)
+        srv.start()
+        assert srv.port != busy and srv.proc is not None
+        with srv.client() as c:
+            assert c.info("server")["process_id"] == srv.proc.pid
+        found = srv.port
+        srv.restart()  # a restart keeps the port it found
+        assert srv.port == found
+        with srv.client() as c:
+            assert c.info("server")["process_id"] == srv.proc.pid

@@ -163,3 +163,23 @@ def test_server_without_conditional_put(tier_config: Any, moto_endpoint: str) ->
             h.shutdown()
     finally:
         proxy.close()
+
+
+def test_the_harness_moto_picks_again_when_its_port_is_taken(monkeypatch) -> None:
+    """The harness itself: moto_server finding its picked port taken (by any
+    process, between the pick and its bind) is started on another."""
+    import socket
+    import urllib.request
+
+    from ... import servers
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        picks = iter([busy])
+        real = servers.free_low_port
+        monkeypatch.setattr(servers, "free_low_port", lambda: next(picks, None) or real())
+        with run_moto() as url:
+            assert not url.endswith(f":{busy}")
+            urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=5).read()
