@@ -107,8 +107,8 @@ from kvstore_tiers.cli._common import require_extra
 @click.option("--scheduler-only", is_flag=True,
               help="fs: measure only the scheduler-thread cost of both fs tiers (p50/p99 "
               "per call, the GC phase fixed and drawn at random), in a process that has "
-              "measured nothing before: for A/Bs of changes off the scheduler thread, "
-              "which reach it only through the GIL.")
+              "run no tier before: for A/Bs of changes off the scheduler thread, which "
+              "reach it only through the GIL.")
 @click.option("--load-trace", "load_trace", is_flag=True,
               help="Where a load's time goes: our fs tier with the load trace on and vLLM's "
               "stock fs tier observed from outside, alternating rounds, each storing "
@@ -267,8 +267,16 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         raise click.UsageError("--s3-endpoint needs --s3-bucket (the bucket to measure)")
     plan = BenchPlan.quick() if quick else BenchPlan()
     plan.tiers = tuple(dict.fromkeys(tiers))
+    if scheduler_only:
+        given = [n for n in ("quick", "chunk_kib", "total_mib", "rounds", "reload_rounds",
+                             "samples_dir", "redis_url", "s3_bucket", "s3_prefix", "s3_region")
+                 if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+        if given or plan.tiers != ("fs",):
+            raise click.UsageError(f"--scheduler-only measures the fs tiers' scheduler-thread "
+                                   f"cost alone; drop {_flags(given) or '--tier'}")
+        plan.scheduler_only = True
     plan.directory = directory
-    plan.samples_dir = _samples_dir(samples_dir)
+    plan.samples_dir = None if scheduler_only else _samples_dir(samples_dir)
     plan.redis_url = redis_url
     plan.s3_bucket, plan.s3_endpoint = s3_bucket, s3_endpoint
     plan.s3_prefix, plan.s3_region = s3_prefix, s3_region
@@ -279,14 +287,6 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
     if rounds:
         plan.rounds = rounds
     plan.reload_rounds = reload_rounds
-    if scheduler_only:
-        given = [n for n in ("quick", "chunk_kib", "total_mib", "rounds", "reload_rounds",
-                             "samples_dir")
-                 if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
-        if given or plan.tiers != ("fs",):
-            raise click.UsageError(f"--scheduler-only measures the fs tiers' scheduler-thread "
-                                   f"cost alone; drop {_flags(given) or '--tier'}")
-        plan.scheduler_only, plan.samples_dir = True, None
     # Wide tables: never squeeze them into 80 columns when writing to a pipe or a file.
     console = Console() if sys.stdout.isatty() else Console(width=200)
     steps = (plan.fs_steps() if "fs" in plan.tiers else 0) + 2 * (
@@ -302,7 +302,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         result = run(plan, progress)
         prog.update(task, completed=steps)
     print_tables(result, console)
-    if plan.samples_dir is None:
+    if plan.samples_dir is None and not scheduler_only:
         console.print(f"real KV samples: none given (--samples or ${samples.ENV}); the codec "
                       "comparison, Redis memory and S3 bytes per block were skipped")
     json_path = write_json(result, out_dir / "bench.json")

@@ -2,44 +2,60 @@
 
 from __future__ import annotations
 
-import io
+import json
+from typing import Any
 
+import pytest
 from click.testing import CliRunner
-from rich.console import Console
 
 from kvstore_tiers.cli.bench import bench
-from kvstore_tiers.tools.bench.runner import BenchPlan, run
-from kvstore_tiers.tools.bench.tables import print_tables
+from kvstore_tiers.tools.bench import runner
 
 METHODS = {"submit_store", "submit_load", "lookup", "get_finished_jobs"}
 
 
-def test_scheduler_only_measures_both_tiers_in_both_gc_phases_and_nothing_else(tmp_path) -> None:
-    plan = BenchPlan(scheduler_only=True, scheduler_in_flight=64, directory=tmp_path / "b")
-    result = run(plan, progress=lambda _msg: None)
-    fs = result["fs"]
+def test_scheduler_only_measures_both_tiers_in_both_gc_phases_and_nothing_else(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    plans: list[runner.BenchPlan] = []
+    real_run = runner.run
+
+    def small_run(plan: runner.BenchPlan, progress: Any) -> dict[str, Any]:
+        plans.append(plan)
+        plan.scheduler_in_flight, plan.reference_mib = 64, 8  # the same steps, fewer chunks
+        return real_run(plan, progress)
+
+    monkeypatch.setattr(runner, "run", small_run)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(bench, ["--scheduler-only", "--dir", str(tmp_path / "b"),
+                                   "--out", str(out)])  # plots too
+    assert r.exit_code == 0, r.output
+    assert len(plans) == 1 and plans[0].scheduler_only and plans[0].samples_dir is None
+    fs = json.loads((out / "bench.json").read_text())["fs"]
     assert fs["throughput"] == [] and fs["reload"] == [] and fs["disk"] == {}
     assert "compression" not in fs
-    for section in ("scheduler", "scheduler_gc_random_phase"):
+    for section, waves in (("scheduler", 16), ("scheduler_gc_random_phase", 32)):
         assert set(fs[section]) == {"kvstore", "vllm"}
         for report in fs[section].values():
             assert set(report) == METHODS
-            # 64 chunks in jobs of 16, 16 waves (32 with the phase drawn): one
-            # store and one load call per job and wave.
-            waves = 16 if section == "scheduler" else 32
+            # 64 chunks in jobs of 16 each wave: four store and four load calls.
             for m in ("submit_store", "submit_load"):
                 assert report[m]["calls"] == 4 * waves and report[m]["p99_us"] > 0
     assert not (tmp_path / "b").exists()
-    out = io.StringIO()
-    print_tables(result, Console(file=out, width=200))
-    assert "scheduler-thread time" in out.getvalue()
-    assert "GB/s, median of rounds" not in out.getvalue()  # no empty throughput table
+    assert "scheduler-thread time" in r.output
+    assert "GB/s, median of rounds" not in r.output  # no empty throughput table
+    assert "real KV samples" not in r.output  # nothing was skipped for want of them
+    assert sorted(p.name for p in out.glob("*.png")) == ["bench-scheduler.png"]
 
 
-def test_scheduler_only_refuses_what_it_does_not_measure() -> None:
-    r = CliRunner().invoke(bench, ["--scheduler-only", "--quick"])
-    assert r.exit_code == 2 and "drop --quick" in r.output
-    r = CliRunner().invoke(bench, ["--scheduler-only", "--tier", "redis"])
-    assert r.exit_code == 2 and "drop --tier" in r.output
-    r = CliRunner().invoke(bench, ["--scheduler-only", "--engine"])
-    assert r.exit_code == 2 and "--scheduler-only does not apply to" in r.output
+@pytest.mark.parametrize("args, says", [
+    (["--quick"], "drop --quick"),
+    (["--chunk-kib", "2048"], "drop --chunk-kib"),
+    (["--redis-url", "redis://127.0.0.1:1/0"], "drop --redis-url"),
+    (["--tier", "redis"], "drop --tier"),
+    (["--engine"], "--scheduler-only does not apply to"),
+    (["--backpressure"], "--scheduler-only does not apply to"),
+    (["--load-trace"], "drop --scheduler-only"),
+])
+def test_scheduler_only_refuses_what_it_does_not_measure(args: list[str], says: str) -> None:
+    r = CliRunner().invoke(bench, ["--scheduler-only", *args])
+    assert r.exit_code == 2 and says in r.output, r.output

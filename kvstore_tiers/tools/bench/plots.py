@@ -114,14 +114,13 @@ def plot_all(result: dict[str, Any], out_dir: Path, prefix: str = "bench") -> li
     """Every plot that the result has data for; returns the files written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    fs = result.get("fs")
-    if fs:
+    fs = result.get("fs") or {}
+    if fs.get("throughput"):
         written.append(plot_fs_throughput(fs, out_dir / f"{prefix}-fs-throughput.png"))
-        if fs.get("scheduler"):
-            written.append(plot_scheduler(fs, out_dir / f"{prefix}-scheduler.png"))
-        if fs.get("compression"):
-            written.append(plot_compression(fs["compression"],
-                                            out_dir / f"{prefix}-compression.png"))
+    if fs.get("scheduler"):
+        written.append(plot_scheduler(fs, out_dir / f"{prefix}-scheduler.png"))
+    if fs.get("compression"):
+        written.append(plot_compression(fs["compression"], out_dir / f"{prefix}-compression.png"))
     return written
 
 

@@ -39,7 +39,7 @@ class BenchPlan:
     #: Load-only rounds per fs chunk size and request count (0: none); see
     #: kvstore_tiers.tools.bench.fs_bench.reload_rounds.
     reload_rounds: int = 0
-    #: fs: the scheduler-thread cost alone, in a process that measured nothing before.
+    #: fs: the scheduler-thread cost alone, in a process that ran no tier before.
     scheduler_only: bool = False
     redis_blocks: int = 256
     #: redis-benchmark moves run to run by +-50 % on 2 cores: at least this many rounds.
