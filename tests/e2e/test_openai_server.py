@@ -18,7 +18,6 @@ import random
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ import pytest
 from kvstore_tiers.cli.config import kv_transfer_config, serve_command
 from kvstore_tiers.metrics import COUNTERS, GAUGES, HISTOGRAMS, PREFIX
 from kvstore_tiers.shm import PATTERN, SHM_DIR, inodes_in_use
+from tests.servers import free_low_port
 
 pytestmark = pytest.mark.engine
 
@@ -45,12 +45,6 @@ def _prompts(model: Path) -> list[list[int]]:
     rng = random.Random(7)
     shared = [rng.randrange(2, vocab) for _ in range(PREFIX_TOKENS)]
     return [shared + [rng.randrange(2, vocab) for _ in range(SUFFIX_TOKENS)] for _ in range(2)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _regions() -> set[Path]:
@@ -100,7 +94,7 @@ class Server:
         cfg = kv_transfer_config([{"type": "fs", "root_dir": str(tier_root)}], 64 << 20, BLOCK)
         argv = shlex.split(serve_command(str(model), cfg).replace("\\\n", " "))
         assert argv[0] == "python"
-        self.port = _free_port()
+        self.port = free_low_port()  # no client connection takes it before the bind
         self.base = f"http://127.0.0.1:{self.port}"
         self.argv = [sys.executable, *argv[1:], "--host", "127.0.0.1", "--port", str(self.port),
                      "--served-model-name", MODEL_NAME, "--dtype", "float32",

