@@ -274,7 +274,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         if given or plan.tiers != ("fs",):
             raise click.UsageError(f"--scheduler-only measures the fs tiers' scheduler-thread "
                                    f"cost alone; drop {_flags(given) or '--tier'}")
-        plan.scheduler_only = True
+        plan.chunk_kib = ()  # no chunk size's throughput rounds: the scheduler waves alone
     plan.directory = directory
     plan.samples_dir = None if scheduler_only else _samples_dir(samples_dir)
     plan.redis_url = redis_url

@@ -29,7 +29,7 @@ def test_scheduler_only_measures_both_tiers_in_both_gc_phases_and_nothing_else(
     r = CliRunner().invoke(bench, ["--scheduler-only", "--dir", str(tmp_path / "b"),
                                    "--out", str(out)])  # plots too
     assert r.exit_code == 0, r.output
-    assert len(plans) == 1 and plans[0].scheduler_only and plans[0].samples_dir is None
+    assert len(plans) == 1 and plans[0].chunk_kib == () and plans[0].samples_dir is None
     fs = json.loads((out / "bench.json").read_text())["fs"]
     assert fs["throughput"] == [] and fs["reload"] == [] and fs["disk"] == {}
     assert "compression" not in fs

@@ -39,8 +39,6 @@ class BenchPlan:
     #: Load-only rounds per fs chunk size and request count (0: none); see
     #: kvstore_tiers.tools.bench.fs_bench.reload_rounds.
     reload_rounds: int = 0
-    #: fs: the scheduler-thread cost alone, in a process that ran no tier before.
-    scheduler_only: bool = False
     redis_blocks: int = 256
     #: redis-benchmark moves run to run by +-50 % on 2 cores: at least this many rounds.
     redis_min_rounds: int = 5
@@ -67,8 +65,6 @@ class BenchPlan:
     def fs_steps(self) -> int:
         # per chunk: disk + (1, 4 requests) [+ reload (1, 4)]; then scheduler x2,
         # twice; then compression
-        if self.scheduler_only:
-            return 4
         per_chunk = 3 + (2 if self.reload_rounds else 0)
         return len(self.chunk_kib) * per_chunk + 4 + (1 if self.samples_dir else 0)
 
@@ -130,9 +126,8 @@ def run(plan: BenchPlan, progress: Callable[[str], None] = print) -> dict[str, A
         directory = plan.directory
         directory.mkdir(parents=True, exist_ok=True)
         try:
-            chunks = () if plan.scheduler_only else plan.chunk_kib
             result["fs"] = fs_bench.run(
-                directory.resolve(), [k * KiB for k in chunks], plan.total_mib * MiB,
+                directory.resolve(), [k * KiB for k in plan.chunk_kib], plan.total_mib * MiB,
                 plan.rounds, progress, samples_dir=plan.samples_dir,
                 compression_mib=plan.compression_mib,
                 scheduler_in_flight=plan.scheduler_in_flight, reload=plan.reload_rounds)
