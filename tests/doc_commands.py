@@ -1,4 +1,4 @@
-"""The shell commands of the Markdown docs (README.md and docs/*.md), as a user reads them.
+"""The shell commands of the Markdown docs (README.md, docs/**/*.md), as a user reads them.
 
 A command is a line of a fenced ```bash, ```sh, ```shell or ```console block:
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 SHELL_LANGS = frozenset({"bash", "sh", "shell", "console"})
 MARKS = ("needs: gpu", "needs: docker", "needs: network", "long-running")
 _FENCE = re.compile(r"^(\s*)```(\w*)\s*$")

@@ -1,4 +1,4 @@
-"""Every example in README.md and docs/*.md is run as a user would run it, or marked.
+"""Every example in README.md and docs/**/*.md is run as a user would run it, or marked.
 
 1. Every JSON example goes through ``kvstore-tiers check``. An example is a
    ```json block (a fragment such as ``"secondary_tiers": [...]`` is read
