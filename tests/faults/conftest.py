@@ -32,7 +32,7 @@ def _freeze_gc() -> Iterator[None]:
     gc.unfreeze()
 
 
-#: If set, the summary is also written there as JSON (docs/reliability.md uses it).
+#: If set, the summary is also written there as JSON (docs/internals/fault-matrix.md uses it).
 REPORT_ENV = "KVSTORE_FAULT_REPORT"
 
 

@@ -13,7 +13,7 @@ from kvstore_tiers.presence import PresenceIndex
 
 from .common import HIT, Driver, rows_for
 
-#: Documented bound (docs/reliability.md): bytes per remembered key.
+#: Documented bound (docs/internals/fault-matrix.md): bytes per remembered key.
 PRESENCE_BYTES_PER_KEY = 200
 
 
