@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 Compression = Literal["none", "zstd", "kvsplit", "auto"]
 
 #: What a write costs the adaptive admission policy, in block hits
-#: (``admission_write_cost``'s default; docs/admission.md says how it was chosen).
+#: (``admission_write_cost``'s default; docs/internals/admission-design.md says how it was chosen).
 WRITE_COST = 0.08
 
 
