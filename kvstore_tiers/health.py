@@ -4,6 +4,8 @@ After ``threshold`` consecutive failed jobs the circuit opens: lookups miss
 at once and stores are dropped and counted, so a dead backend costs vLLM
 nothing but recomputation. After ``cooldown_s`` one job is let through as a
 half-open probe; its success closes the circuit, its failure opens it again.
+A job that proves nothing (below) gives the probe back: lookups go on and
+the next job, a load or a store, probes.
 
 What counts is decided by keys, not jobs (:meth:`CircuitBreaker.record_keys`):
 
@@ -73,11 +75,17 @@ class CircuitBreaker:
 
     @property
     def is_open(self) -> bool:
-        """True while lookups should miss without asking the backend."""
-        return self.state is not BreakerState.CLOSED and not (
-            self.state is BreakerState.OPEN
-            and self._clock() - self._opened_at >= self.cooldown_s
-        )
+        """True while lookups should miss without asking the backend: open and
+        cooling down, or half-open with its probe out. Half-open with no probe
+        out (the last one proved nothing), lookups go on, so that a load can be
+        the probe: were they to miss, only a store of a block new to the tier
+        could probe, and an engine whose blocks are all there already would
+        miss for ever."""
+        if self.state is BreakerState.CLOSED:
+            return False
+        if self.state is BreakerState.OPEN:
+            return self._clock() - self._opened_at < self.cooldown_s
+        return self._probe_out
 
     def record_keys(self, answered: int, failed: int) -> None:
         """Record one finished job by its keys (the rule in the module docstring).

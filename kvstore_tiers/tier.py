@@ -330,6 +330,15 @@ class KVStoreTier(SecondaryTierManager):
                                    evictions.objects if evictions is not None else 0)
 
     # ---------------------------------------------------------------- internals
+    def _answered_without_backend(self, job_id: int) -> None:
+        """A store job let through the breaker ends without reaching the backend
+        (nothing to write, or dropped for backpressure): reported as storing
+        nothing, and counted neither way by the breaker, so a half-open circuit
+        gets its probe back and the next job probes (else it would wait for
+        this job's outcome for ever, every lookup a miss)."""
+        self.breaker.record_keys(0, 0)
+        self._ready.append(nothing_stored(job_id))
+
     def _fail_now(self, job_id: int, job: TransferJob, is_load: bool) -> None:
         """Report a job failed at the next get_finished_jobs (never raises)."""
         try:
@@ -360,7 +369,7 @@ class KVStoreTier(SecondaryTierManager):
         # job asks the policy (Job.start), and a load's blocks are counted as
         # sightings by the I/O thread that runs it (Job.run).
         if not keys:
-            self._ready.append(nothing_stored(tj.job_id))
+            self._answered_without_backend(tj.job_id)
             return
         if not is_load:
             nbytes = len(keys) * self._block_size_bytes
@@ -370,7 +379,7 @@ class KVStoreTier(SecondaryTierManager):
                 # the primary, whose rows promotions need; drop it (vLLM keeps
                 # the blocks in the primary; a later lookup here misses).
                 self.metrics.counters.stores_dropped_backpressure += len(keys)
-                self._ready.append(nothing_stored(tj.job_id))
+                self._answered_without_backend(tj.job_id)
                 return
         timeout = self.config.load_timeout_s
         # The job is queued once; I/O threads take it a batch at a time, so a

@@ -8,18 +8,17 @@ counters say how many were skipped and why.
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from vllm.v1.kv_offload.base import LookupResult, ReqContext
-from vllm.v1.kv_offload.tiering.base import TransferJob
+from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.admin.harness import make_keys
 
 from ..conftest import rows_like
 from .flaky import flaky_tier
+from .jobs import results, submit_stores
 
 ROW = 4096
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
@@ -185,26 +184,6 @@ def test_adaptive_holds_a_tier_that_evicted_lately_full(harness_factory, tmp_pat
     assert sig.full
 
 
-def _submit_stores(h: Any, jobs: list[tuple[int, list[bytes], list[int]]]) -> None:
-    """Submit store jobs (id, keys, primary rows) straight to the tier, as vLLM does."""
-    ctx = ReqContext(req_id="r1")
-    with h.locked():
-        for job_id, keys, cids in jobs:
-            h.tiers[0].submit_store(TransferJob(job_id, keys, np.array(cids), False, ctx))
-
-
-def _results(h: Any, n: int) -> dict[int, Any]:
-    """The next ``n`` results the tier reports, by job id."""
-    tier, out = h.tiers[0], {}
-    deadline = time.monotonic() + 30
-    while len(out) < n and time.monotonic() < deadline:
-        with h.locked():
-            out.update((r.job_id, r) for r in tier.get_finished_jobs())
-        time.sleep(0.005)
-    assert len(out) == n
-    return out
-
-
 def test_admission_is_decided_on_an_io_thread_never_the_schedulers(
         harness_factory, tmp_path) -> None:
     """The policy's one call per store job runs on the I/O thread that starts the
@@ -216,8 +195,8 @@ def test_admission_is_decided_on_an_io_thread_never_the_schedulers(
     seen, new = make_keys(2, seed=6), make_keys(3, seed=7)
     tier.admission.seen(seen)  # sighted once before: the second offer admits them
     h.view[:5] = np.arange(5, dtype=np.uint8)[:, None]
-    _submit_stores(h, [(1, new[:1] + seen + new[1:], [0, 1, 2, 3, 4])])
-    result = _results(h, 1)[1]
+    submit_stores(h, [(1, new[:1] + seen + new[1:], [0, 1, 2, 3, 4])])
+    result = results(h, 1)[1]
     assert callers and all(name.startswith("kvstore_fs") for name in callers)
     assert threading.current_thread().name not in callers
     # Two of five admitted: success, and only their bytes moved.
@@ -228,8 +207,8 @@ def test_admission_is_decided_on_an_io_thread_never_the_schedulers(
     # Not admitted: gone from the presence index, so a later store offers them again.
     assert all(k not in tier.presence for k in new) and all(k in tier.presence for k in seen)
     assert set(tier.presence) == set(seen)
-    _submit_stores(h, [(2, new, [0, 1, 2])])
-    assert _results(h, 1)[2].success
+    submit_stores(h, [(2, new, [0, 1, 2])])
+    assert results(h, 1)[2].success
     assert c.objects_stored == 5 and c.stores_not_admitted_rare == 3 and c.objects_skipped == 0
 
 
@@ -239,8 +218,8 @@ def test_a_job_with_nothing_admitted_reports_no_bytes_and_no_time(
     read one that wrote nothing as a store that took no time."""
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "admission": "reuse"}],
                         num_chunks=16, chunk_bytes=ROW)
-    _submit_stores(h, [(1, make_keys(4, seed=8), [0, 1, 2, 3])])
-    result = _results(h, 1)[1]
+    submit_stores(h, [(1, make_keys(4, seed=8), [0, 1, 2, 3])])
+    result = results(h, 1)[1]
     assert result.success and result.transfer_bytes == 0 and result.transfer_time == 0.0
     assert h.tiers[0].counters.stores_not_admitted_rare == 4 and not h.tiers[0].presence
     # Nor is it a store's latency: the store_seconds histogram gets nothing.
@@ -302,13 +281,13 @@ def test_a_job_cut_at_drain_asks_the_policy_nothing_and_is_cancelled_whole(
     tier.admission.seen(first + first + seen)
     callers = _record_policy_threads(tier)
     flaky.store_gate.clear()
-    _submit_stores(h, [(1, first, [0, 1])])
+    submit_stores(h, [(1, first, [0, 1])])
     assert flaky.store_stalled.wait(10)  # the only write thread is busy with job 1
-    _submit_stores(h, [(2, seen + new, [2, 3, 4, 5])])  # queued behind it
+    submit_stores(h, [(2, seen + new, [2, 3, 4, 5])])  # queued behind it
     assert tier.pool.cancel_queued() == 4
     flaky.store_gate.set()
-    results = _results(h, 2)
-    assert results[1].success and not results[2].success
+    done = results(h, 2)
+    assert done[1].success and not done[2].success
     assert len(callers) == 1 and callers[0] != threading.current_thread().name  # job 1's
     c = tier.counters
     assert c.objects_stored == 2 and c.transfers_cancelled == 4
@@ -327,8 +306,8 @@ def test_a_failed_write_among_admitted_blocks_counts_only_itself(
     seen, new = make_keys(2, seed=15), make_keys(3, seed=16)
     tier.admission.seen(seen)
     flaky.dead.add(seen[1])  # its write fails (a dead node's key)
-    _submit_stores(h, [(1, seen + new, [0, 1, 2, 3, 4])])
-    result = _results(h, 1)[1]
+    submit_stores(h, [(1, seen + new, [0, 1, 2, 3, 4])])
+    result = results(h, 1)[1]
     assert not result.success
     c = tier.counters
     assert c.objects_stored == 1 and c.store_failures == 1 and c.stores_not_admitted_rare == 3
@@ -351,8 +330,8 @@ def test_a_job_reported_failed_whole_still_counts_what_it_skipped(
         raise RuntimeError("apply failed")
 
     monkeypatch.setattr(tier._ledger, "_apply_store", broken)
-    _submit_stores(h, [(1, seen + new, [0, 1, 2, 3])])
-    assert not _results(h, 1)[1].success
+    submit_stores(h, [(1, seen + new, [0, 1, 2, 3])])
+    assert not results(h, 1)[1].success
     c = tier.counters
     assert c.store_failures == 1 and c.stores_not_admitted_rare == 3
     assert all(k not in tier.presence for k in seen + new)
@@ -369,12 +348,12 @@ def test_a_skipped_block_evicted_while_its_job_runs_gets_no_event(
     seen, new = make_keys(1, seed=19), make_keys(1, seed=20)
     tier.admission.seen(seen)
     flaky.store_gate.clear()
-    _submit_stores(h, [(1, seen + new, [0, 1])])
+    submit_stores(h, [(1, seen + new, [0, 1])])
     assert flaky.store_stalled.wait(10)
     tier.backend.evictions.note(1, [new[0]])
     h.step()  # the poll that hands it to the presence index
     flaky.store_gate.set()
-    assert _results(h, 1)[1].success
+    assert results(h, 1)[1].success
     events = list(tier.take_events())
     assert [(e.removed, list(e.keys)) for e in events] == [(False, seen)]
     assert not tier._ledger._evicted_in_flight
@@ -393,8 +372,8 @@ def test_a_half_open_probe_that_wrote_nothing_lets_the_next_job_probe(
     breaker.state, breaker._opened_at = BreakerState.OPEN, -1e9  # opened, cooled down
     seen, new = make_keys(2, seed=21), make_keys(2, seed=22)
     tier.admission.seen(seen)
-    _submit_stores(h, [(1, new, [0, 1])])  # the probe: nothing admitted
-    assert _results(h, 1)[1].success and breaker.state is BreakerState.HALF_OPEN
-    _submit_stores(h, [(2, seen, [2, 3])])
-    assert _results(h, 1)[2].success
+    submit_stores(h, [(1, new, [0, 1])])  # the probe: nothing admitted
+    assert results(h, 1)[1].success and breaker.state is BreakerState.HALF_OPEN
+    submit_stores(h, [(2, seen, [2, 3])])
+    assert results(h, 1)[2].success
     assert breaker.state is BreakerState.CLOSED and tier.counters.objects_stored == 2
