@@ -77,10 +77,9 @@ def _free_subnet() -> ipaddress.IPv4Network:
     # `ip -o -4 addr show`: "2: eth0    inet 10.0.0.5/24 brd ..." one address a line
     used = _run("ip", "-o", "-4", "addr", "show").stdout.splitlines()
     taken = [ipaddress.ip_interface(line.split()[3]).network for line in used]
-    # Other fabrics' subnets live inside their namespaces, invisible here: the
-    # random start makes two fabrics on one machine unlikely to pick the same
-    # /24, and a clash would only join two private namespaces' bridges by name
-    # (never: each bridge is inside its own namespace), so it is harmless.
+    # Other fabrics' subnets are inside their own namespaces, invisible here;
+    # two fabrics on one /24 would still never meet (no route joins them), and
+    # the random start makes even that rare.
     subnets = list(FABRIC_NET.subnets(new_prefix=24))
     start = int.from_bytes(os.urandom(2), "big") % len(subnets)
     for net in subnets[start:] + subnets[:start]:
