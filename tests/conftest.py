@@ -1,5 +1,5 @@
 """Shared fixtures: the real KV samples, vLLM harnesses that clean up after themselves,
-and the real servers of tests/servers.py (redis-server, Redis Cluster, moto S3)."""
+and the real servers of tests/servers.py (redis-server, Redis Cluster, moto S3, Ceph RGW)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,16 @@ from kvstore_tiers.tools import samples
 from tests.servers import (  # noqa: F401  (fixtures for every test folder)
     _fake_aws_env,
     bucket,
+    deselect_other_server,
     moto_endpoint,
     proxy,
     redis_cluster,
     redis_server,
     redis_server_factory,
+    rgw_endpoint,
+    rgw_server,
     s3,
+    s3_endpoint,
     tier_config,
 )
 
@@ -35,6 +39,11 @@ def pytest_report_header() -> str:
     except ImportError:
         return "vllm: not installed"
     return f"vllm {vllm.__version__} from {Path(vllm.__file__).parent}"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked moto_only/rgw_only runs on that S3 server only."""
+    deselect_other_server(config, items)
 
 
 def load_kv_samples() -> list[tuple[dict[str, Any], np.ndarray]]:

@@ -39,10 +39,24 @@ def fetch(h: Harness, keys: list[bytes]) -> tuple[list[Any], np.ndarray | None, 
     return results, rows, ctx
 
 
+def round_trips(cfg: dict[str, Any], n: int, seed: int) -> None:
+    """An engine on ``cfg`` stores ``n`` random blocks; once out of its primary
+    tier they all load back from s3 byte-exact."""
+    h = harness(cfg)
+    try:
+        keys, rows = make_keys(n, seed=seed), random_rows(n, 16384, seed=seed)
+        h.store_all(keys, rows)
+        h.forget_primary()
+        results, got, _ = fetch(h, keys)
+        assert results == [HIT] * n and np.array_equal(got, rows)
+    finally:
+        h.shutdown()
+
+
 def sample_blocks(file: str = "smollm2-135m_bf16_n16.bin") -> np.ndarray:
     """The real bf16 KV blocks of kv-samples as (num_blocks, block_bytes) uint8."""
     return next(blocks for entry, blocks in samples.load(SAMPLES) if entry["file"] == file)
 
 
-__all__ = ["HIT", "MISS", "fetch", "harness", "make_keys", "random_rows", "sample_blocks"
-           ]
+__all__ = ["HIT", "MISS", "fetch", "harness", "make_keys", "random_rows", "round_trips",
+           "sample_blocks"]
