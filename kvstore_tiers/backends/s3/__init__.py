@@ -2,7 +2,9 @@
 
 Modules: :mod:`.config` (the tier's keys, secret scrubbing), :mod:`.client`
 (client arguments, the event loop of the data path), :mod:`.probe` (the
-start-up probe), :mod:`.lifecycle` (listing, bucket lifecycle expiry) and
+start-up probe), :mod:`.lifecycle` (listing, bucket lifecycle expiry),
+:mod:`.record` (the namespace's ``config.json``, kept younger than any
+lifecycle rule) and
 :mod:`.backend` (:class:`S3Backend`, the data path).
 """
 

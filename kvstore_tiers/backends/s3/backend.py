@@ -2,8 +2,9 @@
 
 Layout: ``s3://<bucket>/<prefix><namespace>/<hash[:3]>/<hash>_g<g>.kvf``
 (:mod:`kvstore_tiers.naming`), plus ``<prefix><namespace>/config.json``
-describing the namespace. The two hash-derived levels spread keys across
-S3's per-prefix request-rate partitions.
+describing the namespace (rewritten while open: :mod:`.record`). The two
+hash-derived levels spread keys across S3's per-prefix request-rate
+partitions.
 
 Data path (put/get/exists/delete): aiobotocore on ONE event-loop thread
 owned by the backend (:class:`.client.EventLoop`). The core's I/O threads
@@ -38,6 +39,7 @@ Admin paths use boto3: the start-up probe and bucket creation in
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import queue
@@ -64,6 +66,7 @@ from kvstore_tiers.backends.s3.config import MAX_SINGLE_PUT, S3Config, put_extra
 from kvstore_tiers.backends.s3.lifecycle import iter_objects as _iter_objects
 from kvstore_tiers.backends.s3.negative_cache import NegativeCache
 from kvstore_tiers.backends.s3.probe import probe as _probe
+from kvstore_tiers.backends.s3.record import keep_fresh, record_put_args
 from kvstore_tiers.batching import LoadItem, StoreItem, encode_batch
 from kvstore_tiers.errors import ObjectMissing, TransientError, classify
 from kvstore_tiers.frame import FrameCodec
@@ -100,6 +103,7 @@ class S3Backend(Backend):
         self._loop = EventLoop("kvstore_s3_loop")
         self._client: Any = None
         self._client_ctx: Any = None
+        self._refresh: concurrent.futures.Future[None] | None = None
         self._sem: asyncio.Semaphore | None = None
         #: HTTP requests sent by the data path (retries included), by operation.
         self.requests: Counter[str] = Counter()
@@ -121,6 +125,16 @@ class S3Backend(Backend):
         except BaseException:
             self.close()
             raise
+        self._keep_record_fresh(getattr(ns, "name", None), getattr(ns, "run_config", None))
+
+    def _keep_record_fresh(self, name: str | None, run_config: Any) -> None:
+        """Rewrite the namespace record on the loop while open (:mod:`.record`)."""
+        if not name or run_config is None:
+            return
+        args = record_put_args(self.config, name, run_config)
+        self._refresh = self._loop.submit(keep_fresh(
+            lambda: self._client, args, self.config.namespace_record_refresh_s,
+            lambda msg: self._warn.warning("record", "%s", msg)))
 
     async def _open_client(self) -> None:
         from aiobotocore.config import AioConfig
@@ -146,6 +160,9 @@ class S3Backend(Backend):
 
     def close(self) -> None:
         """Close the client and stop the loop thread. Idempotent."""
+        if self._refresh is not None:
+            self._refresh.cancel()
+            self._refresh = None
         if self._client_ctx is not None and self._loop.running:
             with contextlib.suppress(Exception):
                 self._run(self._close_client(), timeout=10.0)

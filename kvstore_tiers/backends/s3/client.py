@@ -96,6 +96,15 @@ def error_code(exc: BaseException) -> tuple[str, int]:
     return code, status
 
 
+def server_says(exc: BaseException) -> str:
+    """'Code: message' of a botocore ClientError as the server wrote them (the
+    message left out when it sent none; '' if neither)."""
+    resp = getattr(exc, "response", None)
+    err = resp.get("Error", {}) if isinstance(resp, dict) else {}
+    code, message = str(err.get("Code") or ""), str(err.get("Message") or "")
+    return f"{code}: {message}" if code and message else code or message
+
+
 #: Error codes that mean "no such object".
 MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
 

@@ -112,11 +112,24 @@ class S3Config(TierConfig):
         None, description="Server-side encryption: AES256 (SSE-S3) or aws:kms (SSE-KMS).",
     )
     sse_kms_key_id: str | None = Field(None, description="KMS key id/ARN for sse='aws:kms'.")
+    sse_unverified_ok: bool = Field(
+        False, description="Start although the server does not confirm 'sse' (no "
+        "x-amz-server-side-encryption header in its answer to the start-up probe's PUT). "
+        "Off: such a server fails start-up, since one that ignores the request (Ceph RGW 16 "
+        "without a KMS does) stores the blocks unencrypted. Set it only for a server known to "
+        "encrypt without saying so.",
+    )
     create_bucket: bool = Field(False, description="Create the bucket at startup if missing.")
     negative_cache_s: float = Field(
         2.0, ge=0, le=3600,
         description="Seconds a block found absent by HEAD is remembered as absent "
         "(lookups of it send no request meanwhile); 0 disables.",
+    )
+    namespace_record_refresh_s: float = Field(
+        21600.0, gt=0, le=43200,
+        description="Seconds between rewrites of the namespace's config.json while the tier "
+        "runs, so a lifecycle rule expiring the blocks (one day at the least) never expires "
+        "the record of a namespace in use.",
     )
     conditional_put: bool = Field(
         True, description="Use If-None-Match: * so an existing object is never rewritten "
@@ -169,6 +182,8 @@ class S3Config(TierConfig):
     def _check(self) -> S3Config:
         if self.sse_kms_key_id and self.sse != "aws:kms":
             raise ValueError("sse_kms_key_id needs sse='aws:kms'")
+        if self.sse_unverified_ok and not self.sse:
+            raise ValueError("sse_unverified_ok needs sse")
         if (self.aws_access_key_id is None) != (self.aws_secret_access_key is None):
             raise ValueError("aws_access_key_id and aws_secret_access_key go together")
         if self.aws_session_token is not None and self.aws_access_key_id is None:

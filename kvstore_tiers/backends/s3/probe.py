@@ -8,8 +8,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from kvstore_tiers.backends.s3.client import error_code, make_sync_client
+from kvstore_tiers.backends.s3.client import error_code, make_sync_client, server_says
 from kvstore_tiers.backends.s3.config import S3Config, put_extra_args, scrub
+from kvstore_tiers.backends.s3.record import record_put_args
 from kvstore_tiers.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,69 @@ def _exists(client: Any, bucket: str, key: str) -> bool:
     return True
 
 
+def _check_sse(config: S3Config, answer: dict[str, Any]) -> None:
+    """Fail naming ``sse`` unless the server confirmed the encryption asked for.
+
+    A server may accept ``x-amz-server-side-encryption`` and store plaintext
+    (Ceph RGW 16 without a KMS does, answering without the header); only its
+    answer says the object was encrypted. ``sse_unverified_ok`` lets a server
+    that encrypts without saying so start, with a warning.
+    """
+    if not config.sse:
+        return
+    said = answer.get("ServerSideEncryption")
+    if said == config.sse:
+        return
+    got = f"'{said}'" if said else "no x-amz-server-side-encryption header"
+    if config.sse_unverified_ok:
+        logger.warning("s3 tier: %s did not confirm sse=%r (%s in its answer); starting "
+                       "anyway (sse_unverified_ok)", config.where, config.sse, got)
+        return
+    raise ConfigError(scrub(
+        f"s3 tier: key 'sse': {config.where} did not confirm server-side encryption "
+        f"{config.sse!r} of the start-up probe's object ({got} in its answer), so blocks may be "
+        "stored unencrypted. Use a server that encrypts (and says so), or set "
+        "sse_unverified_ok: true for one known to encrypt without saying so", config))
+
+
+def _rejected_key(client: Any, config: S3Config, probe_key: str, body: bytes) -> str | None:
+    """Which of ``storage_class`` and ``sse`` the server rejected in the probe's
+    PUT (None: neither alone, or no such key set). With both set, each is
+    tried alone on ``probe_key`` (and deleted again if accepted)."""
+    from botocore.exceptions import ClientError
+
+    groups = {"storage_class": {"StorageClass": config.storage_class}} \
+        if config.storage_class else {}
+    if config.sse:
+        groups["sse"] = {k: v for k, v in put_extra_args(config).items() if k != "StorageClass"}
+    if len(groups) <= 1:
+        return next(iter(groups), None)
+    for key, args in groups.items():
+        try:
+            client.put_object(Bucket=config.bucket, Key=probe_key, Body=body, **args)
+        except ClientError:
+            return key
+        client.delete_object(Bucket=config.bucket, Key=probe_key)
+    return None
+
+
+def _key_rejected(config: S3Config, key: str, exc: BaseException) -> str:
+    """The start-up error of a PUT the server rejected for ``key``, with its own words."""
+    said = server_says(exc)
+    where = f"{config.where} (s3://{config.bucket}/{config.key_prefix})"
+    if key == "storage_class":
+        return (f"key 'storage_class': {where} rejects storage class {config.storage_class!r} "
+                f"({said}); use one the server has (on Ceph RGW: a storage class of the "
+                "bucket's placement)")
+    msg = f"key 'sse': {where} rejects server-side encryption {config.sse!r} ({said})"
+    if (config.endpoint_url or "").startswith("http://"):
+        msg += ("; servers such as Ceph RGW take server-side encryption only over TLS: use an "
+                "https:// endpoint_url")
+    if config.sse == "aws:kms" and not config.sse_kms_key_id:
+        msg += "; set sse_kms_key_id to the KMS key to encrypt with"
+    return msg
+
+
 @dataclass(frozen=True)
 class ProbeResult:
     """What the startup probe learned about the server."""
@@ -58,7 +122,11 @@ def probe(config: S3Config, namespace_name: str | None = None,
     allowed); a probe object of random bytes under the prefix is PUT, read
     back byte-exact, PUT again with If-None-Match, DELETEd and HEADed gone --
     so an endpoint that is not S3 (a web server answering 200 to anything)
-    fails here rather than "storing" into nothing -- and (with
+    fails here rather than "storing" into nothing. With ``sse`` the server
+    must confirm the encryption in its answer to that PUT (or
+    ``sse_unverified_ok``); a PUT the server rejects because of
+    ``storage_class`` or ``sse`` fails naming that key, in the server's own
+    words (with both set, each is tried alone to tell which). And (with
     ``namespace_name``) one PUT of the namespace's ``config.json`` so an
     administrator can tell what each namespace holds.
 
@@ -67,7 +135,8 @@ def probe(config: S3Config, namespace_name: str | None = None,
     connections and never answers fails start-up within seconds.
 
     Raises ConfigError whose message says which of endpoint, credentials,
-    bucket or permission is wrong, without any secret in it.
+    bucket, permission, ``storage_class`` or ``sse`` is wrong, without any
+    secret in it.
     """
     from botocore.exceptions import (
         BotoCoreError,
@@ -123,7 +192,21 @@ def probe(config: S3Config, namespace_name: str | None = None,
         extra = put_extra_args(config)
         conditional = config.conditional_put
         try:
-            client.put_object(Bucket=bucket, Key=probe_key, Body=body, **extra)
+            try:
+                answer = client.put_object(Bucket=bucket, Key=probe_key, Body=body, **extra)
+            except ClientError as exc:
+                code, status = error_code(exc)
+                key = None
+                if code not in _CREDENTIAL_CODES and 400 <= status < 500:
+                    key = _rejected_key(client, config, probe_key, body)
+                if key is None:
+                    raise
+                raise fail(_key_rejected(config, key, exc)) from None
+            try:
+                _check_sse(config, answer)
+            except ConfigError:
+                client.delete_object(Bucket=bucket, Key=probe_key)
+                raise
             if client.get_object(Bucket=bucket, Key=probe_key)["Body"].read() != body:
                 raise fail(f"{where} does not behave like S3: an object written under "
                            f"s3://{bucket}/{config.key_prefix} did not read back "
@@ -148,17 +231,11 @@ def probe(config: S3Config, namespace_name: str | None = None,
             if code in _CREDENTIAL_CODES:
                 raise fail(f"credentials rejected by {where} ({code})") from None
             raise fail(f"cannot write under s3://{bucket}/{config.key_prefix} at {where} "
-                       f"({code or status})") from None
+                       f"({server_says(exc) or status})") from None
         if conditional != config.conditional_put:
             logger.info("s3 tier: %s ignores or rejects If-None-Match; using plain PUT", where)
         if namespace_name and run_config is not None:
-            import json
-
-            client.put_object(
-                Bucket=bucket, Key=f"{config.key_prefix}{namespace_name}/config.json",
-                Body=json.dumps(run_config, indent=2, sort_keys=True).encode(),
-                ContentType="application/json", **extra,
-            )
+            client.put_object(**record_put_args(config, namespace_name, run_config))
         return ProbeResult(conditional_put=conditional, bucket_created=created)
     except ConfigError:
         raise
