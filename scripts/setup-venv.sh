@@ -41,6 +41,17 @@ if [ "${#APT_NET[@]}" -gt 0 ]; then
         "${APT_NET[@]}" >/dev/null
 fi
 
+# A real S3 server for the s3 suites' second run (tests/servers.py RgwServer): Ceph RGW
+# on one mon and one in-memory OSD. Without it those runs skip, saying why.
+if ! command -v radosgw >/dev/null 2>&1 || ! command -v ceph-mon >/dev/null 2>&1 \
+        || ! command -v ceph-osd >/dev/null 2>&1 || ! command -v ceph >/dev/null 2>&1; then
+    log "installing Ceph RGW (radosgw ceph-mon ceph-osd ceph-common) from Debian"
+    SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        radosgw ceph-mon ceph-osd ceph-common >/dev/null
+fi
+
 # A C compiler and Python's headers build the fs tier's per-chunk file calls
 # (kvstore_tiers/backends/fs/_fsio.c); without them the install still works, on
 # the slower pure-Python twins (kvstore_tiers/backends/fs/fileio.py).

@@ -1,4 +1,4 @@
-"""The s3 shortcut's options, lifecycle rules, an unusable S3 store in one line (moto)."""
+"""The s3 shortcut's options, lifecycle rules, an unusable S3 store in one line (moto, RGW)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
-from ..servers import FAKE_SECRET, free_port
+from ..servers import FAKE_SECRET, free_port, s3_server_fixture
 from .conftest import invoke, populate
+
+s3_endpoint = s3_server_fixture()
 
 
 def _shortcut(tier: dict[str, Any], *extra: str) -> list[str]:

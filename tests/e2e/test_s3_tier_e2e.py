@@ -1,7 +1,7 @@
 """Two vLLM processes share an s3 tier: the second is served from it, with identical output.
 
 Phase 1 and phase 2 are separate engine processes (tests/e2e/e2e_helpers.run)
-pointed at one moto S3 server started by the test: phase 1 computes and
+pointed at one S3 server (moto, and a real Ceph RGW): phase 1 computes and
 writes every full chunk to the bucket, phase 2 starts with empty GPU/CPU
 caches and an empty presence index (so its lookups are HEADs), gets every
 full chunk of its first prompt from S3, and generates the same tokens.
@@ -10,7 +10,6 @@ full chunk of its first prompt from S3, and generates the same tokens.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +19,19 @@ from e2e_helpers import DISTINCT_CHUNKS, assert_served_from_tier, run, tier_coun
 pytest.importorskip("aiobotocore")
 pytest.importorskip("moto")
 
-from tests.servers import FAKE_KEY_ID, FAKE_SECRET, run_moto, s3_client
+from tests.servers import FAKE_KEY_ID, FAKE_SECRET, s3_client, s3_server_fixture
 
 pytestmark = pytest.mark.engine
+s3_endpoint = s3_server_fixture()
 
 
 @pytest.fixture
-def e2e_s3() -> Iterator[tuple[str, str, Any]]:
-    """(endpoint, bucket, boto3 client) of a fresh moto server for this test."""
-    with run_moto() as url:
-        client = s3_client(url)
-        bucket = f"kv-e2e-{uuid.uuid4().hex[:12]}"
-        client.create_bucket(Bucket=bucket)
-        yield url, bucket, client
+def e2e_s3(s3_endpoint: str) -> tuple[str, str, Any]:
+    """(endpoint, bucket, boto3 client): a fresh bucket on the test's S3 server."""
+    client = s3_client(s3_endpoint)
+    bucket = f"kv-e2e-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=bucket)
+    return s3_endpoint, bucket, client
 
 
 def test_second_process_is_served_from_s3(

@@ -1,4 +1,5 @@
-"""Fault matrix, s3 backend: moto behind the loopback fault proxy (tests/faults/faultproxy.py).
+"""Fault matrix, s3 backend: moto and Ceph RGW behind the loopback fault proxy
+(tests/faults/faultproxy.py).
 
 What a user cares about: transient errors are retried and invisible; a broken
 endpoint costs recomputation only (failed jobs, then the circuit opens and
@@ -32,11 +33,12 @@ from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.health import BreakerState
 
 from ..backends.s3.s3_helpers import fetch, harness, random_rows
-from ..servers import run_moto, s3_client, tier_config_factory
+from ..servers import run_moto, s3_client, s3_server_fixture, tier_config_factory
 from .common import HIT, MISS, Driver, rows_for, run_tamper_matrix, score
 from .faultproxy import FaultProxy
 
 BACKEND = "s3"
+s3_endpoint = s3_server_fixture()
 
 
 def _cfg(proxy: FaultProxy, bucket: str, **kw: Any) -> dict[str, Any]:
