@@ -69,24 +69,25 @@ def _check_sse(config: S3Config, answer: dict[str, Any]) -> None:
 
 
 def _rejected_key(client: Any, config: S3Config, probe_key: str, body: bytes) -> str | None:
-    """Which of ``storage_class`` and ``sse`` the server rejected in the probe's
-    PUT (None: neither alone, or no such key set). With both set, each is
-    tried alone on ``probe_key`` (and deleted again if accepted)."""
+    """Which of ``storage_class`` and ``sse`` made the server reject the probe's
+    PUT (None: neither is set, or a plain PUT fails too, so something else is
+    wrong). The PUT is tried without them, then, with both set, with each alone;
+    an accepted object is deleted again."""
     from botocore.exceptions import ClientError
 
     groups = {"storage_class": {"StorageClass": config.storage_class}} \
         if config.storage_class else {}
     if config.sse:
         groups["sse"] = {k: v for k, v in put_extra_args(config).items() if k != "StorageClass"}
-    if len(groups) <= 1:
-        return next(iter(groups), None)
-    for key, args in groups.items():
+    tries = [({}, None)] + ([(args, key) for key, args in groups.items()]
+                            if len(groups) > 1 else [])
+    for args, key in tries:
         try:
             client.put_object(Bucket=config.bucket, Key=probe_key, Body=body, **args)
         except ClientError:
             return key
         client.delete_object(Bucket=config.bucket, Key=probe_key)
-    return None
+    return next(iter(groups)) if len(groups) == 1 else None
 
 
 def _key_rejected(config: S3Config, key: str, exc: BaseException) -> str:
@@ -126,7 +127,8 @@ def probe(config: S3Config, namespace_name: str | None = None,
     must confirm the encryption in its answer to that PUT (or
     ``sse_unverified_ok``); a PUT the server rejects because of
     ``storage_class`` or ``sse`` fails naming that key, in the server's own
-    words (with both set, each is tried alone to tell which). And (with
+    words (the PUT is tried without them, and with each alone, to tell
+    which). And (with
     ``namespace_name``) one PUT of the namespace's ``config.json`` so an
     administrator can tell what each namespace holds.
 
@@ -197,7 +199,7 @@ def probe(config: S3Config, namespace_name: str | None = None,
             except ClientError as exc:
                 code, status = error_code(exc)
                 key = None
-                if code not in _CREDENTIAL_CODES and 400 <= status < 500:
+                if extra and code not in _CREDENTIAL_CODES and status in (400, 403):
                     key = _rejected_key(client, config, probe_key, body)
                 if key is None:
                     raise

@@ -21,6 +21,7 @@ from kvstore_tiers.backends.s3.config import as_config
 from kvstore_tiers.namespace import Namespace
 
 from ...cli.conftest import invoke
+from ...faults.faultproxy import FaultProxy
 from ...servers import FAKE_KEY_ID, FAKE_SECRET, RgwServer
 from .s3_helpers import harness, make_keys, random_rows, round_trips
 from .test_startup import build_error
@@ -85,6 +86,15 @@ def test_with_both_keys_set_the_rejected_one_is_named(
                              storage_class="COLD"))
     assert "key 'storage_class'" in msg and "key 'sse'" not in msg
     assert "Contents" not in s3.list_objects_v2(Bucket=bucket)  # no probe object left
+
+
+def test_a_put_refused_for_another_reason_is_not_blamed_on_a_key(
+    tier_config: Any, proxy: FaultProxy
+) -> None:
+    proxy.error(403, "AccessDenied", methods={"PUT"})  # a bucket policy denying writes
+    msg = build_error(tier_config(endpoint_url=proxy.url, storage_class="STANDARD"))
+    assert "cannot write under" in msg and "AccessDenied" in msg
+    assert "key 'storage_class'" not in msg
 
 
 @pytest.mark.rgw_only(reason="botocore's default checksums over https: RGW answers 411, "
