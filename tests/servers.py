@@ -783,8 +783,13 @@ def rgw_server(request: pytest.FixtureRequest) -> Iterator[RgwServer]:
         keep = request.session.testsfailed > 0
     finally:
         srv.stop()
-        if keep:
-            print(f"\nRGW directory (logs) kept: {srv.workdir}", file=sys.stderr)
+        if keep:  # through the terminal reporter: output capture would swallow a print
+            said = f"RGW directory (logs) kept: {srv.workdir}"
+            reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+            if reporter is not None:
+                reporter.write_line(said, yellow=True)
+            else:
+                print(said, file=sys.stderr)
         else:
             shutil.rmtree(srv.workdir, ignore_errors=True)
 
