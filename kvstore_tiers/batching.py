@@ -13,54 +13,15 @@ is one entry per item, in order, and nothing raises: the frame bytes moved
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
+from kvstore_tiers.backends.base import LoadMany, Result, StoreMany
 from kvstore_tiers.errors import TransientError, classify
 
 if TYPE_CHECKING:
-    from kvstore_tiers.backends.base import Backend, Buffer
+    from kvstore_tiers.backends.base import Backend, Buffer, LoadItem, StoreItem
     from kvstore_tiers.frame import FrameCodec
-
-
-@dataclass(slots=True)
-class StoreItem:
-    """One row to store: object ``name`` of block ``key`` from ``src``.
-
-    ``crc``: the CRC-32C of ``src``, when the caller computed it over these very
-    bytes (a read-through fill); the frame then takes it instead of computing
-    it again."""
-
-    name: str
-    key: bytes
-    src: memoryview
-    crc: int | None = None
-
-
-@dataclass(slots=True)
-class LoadItem:
-    """One row to load: object ``name`` of block ``key`` into ``dest``.
-
-    ``crc``: set by the backend once the row is verified, to what the frame
-    checks answer (:meth:`FrameReceiver.finish
-    <kvstore_tiers.frame.FrameReceiver.finish>`): the row's CRC-32C, or None
-    where the frame carries none (encrypted) or the backend does not say."""
-
-    name: str
-    key: bytes
-    dest: memoryview
-    crc: int | None = None
-
-
-#: One item's result from ``store_many``/``load_many``: frame bytes moved
-#: (stores: 0 = the object existed already) or the item's error.
-Result = int | BaseException
-
-
-#: A batch call: items and the thread's codec in, one result per item out.
-StoreMany = Callable[[Sequence["StoreItem"], "FrameCodec"], list["Result"]]
-LoadMany = Callable[[Sequence["LoadItem"], "FrameCodec"], list["Result"]]
 
 
 def batch_calls(backend: Backend) -> tuple[StoreMany, LoadMany]:

@@ -24,7 +24,7 @@ protected by a bounce-buffer protocol:
 * a verified row is then copied into its primary row while holding the
   job's ``lock``, and only if the job is not ``expired``; the slot is marked
   ``landed`` inside the same critical section;
-* expiring a job (:func:`kvstore_tiers.outcome.expire`) takes the same lock, sets ``expired`` and
+* expiring a job (:meth:`Job.expire`) takes the same lock, sets ``expired`` and
   reports exactly the ``landed`` slots as ``successful_keys`` (vLLM keeps
   those rows and frees the rest at once).
 
@@ -48,22 +48,34 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from vllm.v1.kv_offload.base import Locality, Medium
+from vllm.v1.kv_offload.base import Locality, Medium, OffloadingEvent
+from vllm.v1.kv_offload.tiering.base import JobResult
 
-from kvstore_tiers.backends.base import Backend
-from kvstore_tiers.batching import LoadItem, LoadMany, Result, StoreItem, batch_calls
+from kvstore_tiers.backends.base import Backend, LoadItem, LoadMany, Result, StoreItem
+from kvstore_tiers.batching import batch_calls
 from kvstore_tiers.errors import Cancelled, ObjectCorrupt, classify, detached
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.loadtrace import LoadTrace
-from kvstore_tiers.outcome import Summary, summarise
+from kvstore_tiers.outcome import Summary
 from kvstore_tiers.pool import PoolJob
 from kvstore_tiers.presence import new_receipt
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
-if TYPE_CHECKING:
-    from kvstore_tiers.readthrough import Intake, Part
+
+class LoadObserver(Protocol):
+    """Told of the rows a tier's loads verified and put in primary rows (I/O threads).
+
+    ``loaded`` runs after each load batch and may append what it wants to
+    keep to ``notes`` (the job's); ``offer`` runs once the job finished, with
+    those notes. Neither may raise or block.
+    """
+
+    def loaded(self, notes: list[Any], items: Sequence[LoadItem], outcomes: Sequence[Any],
+               cids: Sequence[int]) -> None: ...
+
+    def offer(self, notes: list[Any]) -> None: ...
 
 
 class PrimaryRows:
@@ -118,7 +130,7 @@ class TransferContext:
     #: The caching tier's intake (:mod:`kvstore_tiers.readthrough`): the blocks
     #: each load batch put in primary rows, offered when the job finishes;
     #: None: no tier caches this one.
-    fill: Intake | None = None
+    fill: LoadObserver | None = None
     #: The backend's batch calls, chosen once (:func:`kvstore_tiers.batching.batch_calls`).
     store_many: Callable[[Sequence[StoreItem], FrameCodec], list[Result]] = field(init=False)
     load_many: Callable[[Sequence[LoadItem], FrameCodec], list[Result]] = field(init=False)
@@ -189,7 +201,7 @@ class Job(PoolJob):
         #: Stores: the keys the admission policy did not admit (set by start()).
         self.declined: list[bytes] | tuple[()] = ()
         #: Loads of a cached tier: the blocks loaded, for read-through.
-        self.fills: list[Part] | tuple[()] = ()
+        self.fills: list[Any] | tuple[()] = ()
 
     def start(self, runs: bool) -> None:
         """For a store job that will run, ask the admission policy which blocks
@@ -253,8 +265,56 @@ class Job(PoolJob):
         for s in range(start, stop):
             outcomes[s] = err
 
+    def summarise(self) -> Summary:
+        """Condense this finished job, with its JobResult and kv event ready.
+
+        Runs on the finishing I/O thread; reads only the job and its context.
+        """
+        ctx = self.ctx
+        s = Summary.of(self.keys, self.outcomes, self.stored_bytes,  # type: ignore[arg-type]
+                       self.is_load, self.declined)
+        if not self.is_load:
+            # Only the blocks admitted moved. None: bytes and time 0, which
+            # vLLM's backpressure detector ignores rather than counting as a
+            # store that took no time.
+            moved = self.n_slots
+            s.result = JobResult(
+                job_id=self.job_id, success=not s.bad,
+                transfer_time=self.transfer_time if moved else 0.0,
+                transfer_bytes=moved * ctx.rows.row_bytes,
+            )
+            if ctx.emit_events and s.ok:
+                s.event = OffloadingEvent(
+                    keys=s.ok, medium=ctx.medium, removed=False, locality=ctx.locality,
+                )
+        elif s.bad:
+            s.result = JobResult(
+                job_id=self.job_id, success=False, successful_keys=tuple(s.ok) or None,
+                transfer_time=self.transfer_time,
+            )
+        else:
+            s.result = JobResult(job_id=self.job_id, success=True,
+                                 transfer_time=self.transfer_time)
+        return s
+
+    def expire(self) -> tuple[list[bytes], list[bytes]]:
+        """Scheduler thread: mark this deadlined load ``expired``; its (landed,
+        not landed) keys.
+
+        Holds the job's lock for at most one row copy. After it returns no I/O
+        thread writes this job's rows again (module docstring).
+        """
+        assert self.lock is not None  # only loads with a deadline expire
+        with self.lock:
+            self.expired = True
+            landed = list(self.landed)
+        self.reported = True
+        ok = [k for k, done in zip(self.keys, landed, strict=True) if done]
+        bad = [k for k, done in zip(self.keys, landed, strict=True) if not done]
+        return ok, bad
+
     def finish(self) -> None:
-        self.summary = summarise(self)
+        self.summary = self.summarise()
         # Drop the per-slot lists here, on the I/O thread: the scheduler only
         # reads the summary, and deallocating their ~50 objects there, cold
         # in its cache, made up much of a job's completion cost. (``landed``

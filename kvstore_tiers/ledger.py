@@ -42,7 +42,7 @@ from kvstore_tiers.config import TierConfig
 from kvstore_tiers.health import BreakerState, CircuitBreaker
 from kvstore_tiers.job import Job
 from kvstore_tiers.metrics import TierCounters, TierMetrics
-from kvstore_tiers.outcome import Summary, expire, summarise
+from kvstore_tiers.outcome import Summary
 from kvstore_tiers.presence import PresenceIndex, settle
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
@@ -178,7 +178,7 @@ class Ledger:
     # -- finished ----------------------------------------------------------------------
     def completed(self, job: Job) -> JobResult:
         """Apply a finished job's summary; vLLM's JobResult for it."""
-        s = job.summary or summarise(job)
+        s = job.summary or job.summarise()
         assert s.result is not None
         # A job the policy admitted none of records (0, 0): it proves nothing,
         # and a half-open circuit probes again with the next job.
@@ -215,7 +215,7 @@ class Ledger:
 
     def expired(self, job: Job) -> JobResult:
         """Report a load job at its deadline: its landed rows loaded, the rest failed."""
-        ok, bad = expire(job)
+        ok, bad = job.expire()
         c = self.counters
         c.objects_loaded += len(ok)
         c.raw_bytes_read += len(ok) * self.row_bytes

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 from kvstore_tiers.errors import ConfigError
 
 if TYPE_CHECKING:
-    from kvstore_tiers.batching import LoadItem, LoadMany, Result
+    from kvstore_tiers.backends.base import LoadItem, LoadMany, Result
     from kvstore_tiers.frame import FrameCodec
 
 logger = logging.getLogger(__name__)

@@ -1,25 +1,23 @@
-"""What a finished transfer means: its :class:`Summary`, and the expiry of a late load.
+"""What a finished transfer means: its :class:`Summary`.
 
 A job's summary is condensed once, by the I/O thread that accounts its last
-slot (:func:`summarise`, called from :meth:`Job.finish
-<kvstore_tiers.job.Job.finish>`), with vLLM's ``JobResult`` and kv event
-ready, so the scheduler thread (:mod:`kvstore_tiers.ledger`) applies a
-finished job with a few bulk operations. :func:`expire` is the scheduler
-side of the load-deadline protocol (:mod:`kvstore_tiers.job`).
+slot (:meth:`Job.finish <kvstore_tiers.job.Job.finish>`), with vLLM's
+``JobResult`` and kv event ready, so the scheduler thread
+(:mod:`kvstore_tiers.ledger`) applies a finished job with a few bulk
+operations. This module knows the outcomes, not the job: it is given the
+job's per-slot lists.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from vllm.v1.kv_offload.base import OffloadingEvent
 from vllm.v1.kv_offload.tiering.base import JobResult
 
 from kvstore_tiers.errors import Cancelled, ObjectCorrupt, ObjectMissing, TransientError
 
-if TYPE_CHECKING:
-    from kvstore_tiers.job import Job
 
 @dataclass(slots=True)
 class Summary:
@@ -45,28 +43,32 @@ class Summary:
     event: OffloadingEvent | None = None
 
     @classmethod
-    def of(cls, job: Job) -> Summary:
-        n = len(job.keys)
+    def of(cls, keys: list[bytes], outcomes: list[Any], stored_bytes: list[int],
+           is_load: bool, declined: list[bytes] | tuple[()] = ()) -> Summary:
+        """Condense slot ``s``'s block ``keys[s]``, its outcome (``None`` loaded,
+        ``True``/``False`` stored/existed, or the error) and frame bytes moved;
+        ``declined``: a store's blocks not offered to the backend."""
+        n = len(keys)
         # The common case in C (this runs holding the GIL the scheduler wants).
         # ``ok`` is the job's own key list (never mutated): no copy.
-        if job.is_load and job.outcomes.count(None) == n:
-            return cls(job.keys, [], frame_bytes=sum(job.stored_bytes))
-        if not job.is_load and job.outcomes.count(True) == n:
-            return cls(job.keys, [], job.declined, written=n, frame_bytes=sum(job.stored_bytes))
-        s = cls([], [], job.declined, cancelled_keys=[] if job.is_load else ())
-        for key, res, nbytes in zip(job.keys, job.outcomes, job.stored_bytes, strict=True):
+        if is_load and outcomes.count(None) == n:
+            return cls(keys, [], frame_bytes=sum(stored_bytes))
+        if not is_load and outcomes.count(True) == n:
+            return cls(keys, [], declined, written=n, frame_bytes=sum(stored_bytes))
+        s = cls([], [], declined, cancelled_keys=[] if is_load else ())
+        for key, res, nbytes in zip(keys, outcomes, stored_bytes, strict=True):
             if not isinstance(res, BaseException):
                 s.ok.append(key)
-                if res is False and not job.is_load:
+                if res is False and not is_load:
                     s.existed += 1
                 else:
-                    s.written += not job.is_load
+                    s.written += not is_load
                     s.frame_bytes += nbytes
                 continue
             s.bad.append(key)
             if isinstance(res, Cancelled):
                 s.cancelled += 1
-                if job.is_load:
+                if is_load:
                     s.cancelled_keys.append(key)  # type: ignore[union-attr]
             elif isinstance(res, ObjectMissing):
                 s.missing += 1
@@ -74,40 +76,9 @@ class Summary:
                 s.corrupt += 1
                 s.first_corrupt = s.first_corrupt or res
             else:
-                s.transient += isinstance(res, TransientError) or job.is_load
+                s.transient += isinstance(res, TransientError) or is_load
                 s.first_error = s.first_error or res
         return s
-
-
-def summarise(job: Job) -> Summary:
-    """Condense a finished job, with its JobResult and kv event ready.
-
-    Runs on the finishing I/O thread; reads only the job and its context.
-    """
-    ctx = job.ctx
-    s = Summary.of(job)
-    if not job.is_load:
-        # Only the blocks admitted moved. None: bytes and time 0, which
-        # vLLM's backpressure detector ignores rather than counting as a
-        # store that took no time.
-        moved = job.n_slots
-        s.result = JobResult(
-            job_id=job.job_id, success=not s.bad,
-            transfer_time=job.transfer_time if moved else 0.0,
-            transfer_bytes=moved * ctx.rows.row_bytes,
-        )
-        if ctx.emit_events and s.ok:
-            s.event = OffloadingEvent(
-                keys=s.ok, medium=ctx.medium, removed=False, locality=ctx.locality,
-            )
-    elif s.bad:
-        s.result = JobResult(
-            job_id=job.job_id, success=False, successful_keys=tuple(s.ok) or None,
-            transfer_time=job.transfer_time,
-        )
-    else:
-        s.result = JobResult(job_id=job.job_id, success=True, transfer_time=job.transfer_time)
-    return s
 
 
 # -- on the scheduler thread -------------------------------------------------------------
@@ -118,19 +89,3 @@ def nothing_stored(job_id: int) -> JobResult:
     rather than counting it as a store that took no time.
     """
     return JobResult(job_id=job_id, success=True, transfer_time=0.0, transfer_bytes=0)
-
-
-def expire(job: Job) -> tuple[list[bytes], list[bytes]]:
-    """Mark a deadlined load ``expired``; its (landed, not landed) keys.
-
-    Holds the job's lock for at most one row copy. After it returns no I/O
-    thread writes this job's rows again (module docstring).
-    """
-    assert job.lock is not None  # only loads with a deadline expire
-    with job.lock:
-        job.expired = True
-        landed = list(job.landed)
-    job.reported = True
-    ok = [k for k, done in zip(job.keys, landed, strict=True) if done]
-    bad = [k for k, done in zip(job.keys, landed, strict=True) if not done]
-    return ok, bad

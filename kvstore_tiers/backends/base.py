@@ -44,10 +44,48 @@ from kvstore_tiers.config import TierConfig
 
 if TYPE_CHECKING:
     from kvstore_tiers.backends.eviction_log import EvictionLog
-    from kvstore_tiers.batching import LoadItem, Result, StoreItem
     from kvstore_tiers.frame import FrameCodec
 
 Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(slots=True)
+class StoreItem:
+    """One row to store: object ``name`` of block ``key`` from ``src``.
+
+    ``crc``: the CRC-32C of ``src``, when the caller computed it over these very
+    bytes (a read-through fill); the frame then takes it instead of computing
+    it again."""
+
+    name: str
+    key: bytes
+    src: memoryview
+    crc: int | None = None
+
+
+@dataclass(slots=True)
+class LoadItem:
+    """One row to load: object ``name`` of block ``key`` into ``dest``.
+
+    ``crc``: set by the backend once the row is verified, to what the frame
+    checks answer (:meth:`FrameReceiver.finish
+    <kvstore_tiers.frame.FrameReceiver.finish>`): the row's CRC-32C, or None
+    where the frame carries none (encrypted) or the backend does not say."""
+
+    name: str
+    key: bytes
+    dest: memoryview
+    crc: int | None = None
+
+
+#: One item's result from ``store_many``/``load_many``: frame bytes moved
+#: (stores: 0 = the object existed already) or the item's error.
+Result = int | BaseException
+
+
+#: A batch call: items and the thread's codec in, one result per item out.
+StoreMany = Callable[[Sequence["StoreItem"], "FrameCodec"], list["Result"]]
+LoadMany = Callable[[Sequence["LoadItem"], "FrameCodec"], list["Result"]]
 
 
 class StoreNamespace(Protocol):

@@ -38,8 +38,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstore_tiers.backends.base import Backend, IOTuning
-from kvstore_tiers.batching import LoadItem, StoreItem, load_many, store_many
+from kvstore_tiers.backends.base import Backend, IOTuning, LoadItem, StoreItem
+from kvstore_tiers.batching import load_many, store_many
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing
 from kvstore_tiers.frame import FrameCodec, checksum

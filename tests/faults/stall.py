@@ -11,8 +11,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from kvstore_tiers.backends.base import LoadItem, Result, StoreItem
 from kvstore_tiers.backends.fs import FileSystemBackend
-from kvstore_tiers.batching import LoadItem, Result, StoreItem
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.tier import KVStoreTier
 

@@ -34,7 +34,7 @@ _WRITER = r"""
 import json, mmap, sys
 import numpy as np
 from kvstore_tiers.backends.fs import FileSystemBackend, FsConfig
-from kvstore_tiers.batching import StoreItem
+from kvstore_tiers.backends.base import StoreItem
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.admin.harness import make_keys

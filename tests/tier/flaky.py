@@ -16,9 +16,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from kvstore_tiers.backends.base import LoadItem, StoreItem
 from kvstore_tiers.backends.eviction_log import EvictionLog
 from kvstore_tiers.backends.fs import FileSystemBackend
-from kvstore_tiers.batching import LoadItem, StoreItem
 from kvstore_tiers.errors import TransientError
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.tier import KVStoreTier

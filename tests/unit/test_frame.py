@@ -75,7 +75,8 @@ def test_other_key_other_namespace_other_length_are_corrupt() -> None:
 
 def test_encode_batch_reports_failed_items_and_encodes_the_rest() -> None:
     """Batched stores (s3, redis) fail only the rows that could not be encoded."""
-    from kvstore_tiers.batching import StoreItem, encode_batch
+    from kvstore_tiers.backends.base import StoreItem
+    from kvstore_tiers.batching import encode_batch
     from kvstore_tiers.errors import TransientError
 
     raw = memoryview(bytes(range(256)) * 32)

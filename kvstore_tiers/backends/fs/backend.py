@@ -39,7 +39,9 @@ from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
     IOTuning,
+    LoadItem,
     ObjectInfo,
+    StoreItem,
 )
 from kvstore_tiers.backends.eviction_log import EvictionLog
 from kvstore_tiers.backends.fs import fileio
@@ -57,7 +59,7 @@ from kvstore_tiers.backends.fs.fileio import (
 )
 from kvstore_tiers.backends.fs.layout import prepare_namespace_dir, walk_prefix
 from kvstore_tiers.backends.fs.writers import WriterLock, sweep_stale
-from kvstore_tiers.batching import LoadItem, StoreItem, encode_batch
+from kvstore_tiers.batching import encode_batch
 from kvstore_tiers.errors import (
     ConfigError,
     ObjectCorrupt,

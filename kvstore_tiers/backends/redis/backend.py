@@ -51,7 +51,10 @@ from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
     IOTuning,
+    LoadItem,
     ObjectInfo,
+    Result,
+    StoreItem,
 )
 from kvstore_tiers.backends.eviction_log import EvictionLog
 from kvstore_tiers.backends.redis.client import (
@@ -70,7 +73,7 @@ from kvstore_tiers.backends.redis.config import RedisConfig
 from kvstore_tiers.backends.redis.evictions import EvictionListener, check_notifications
 from kvstore_tiers.backends.redis.fastio import FastIO, fast_io_supported
 from kvstore_tiers.backends.redis.listing import iter_objects
-from kvstore_tiers.batching import LoadItem, Result, StoreItem, encode_batch
+from kvstore_tiers.batching import encode_batch
 from kvstore_tiers.errors import ObjectMissing, TransientError, detached
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.ratelimit import RateLimitedLogger

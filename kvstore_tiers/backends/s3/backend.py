@@ -52,7 +52,9 @@ from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
     IOTuning,
+    LoadItem,
     ObjectInfo,
+    StoreItem,
 )
 from kvstore_tiers.backends.s3.client import (
     MISSING_CODES,
@@ -67,7 +69,7 @@ from kvstore_tiers.backends.s3.lifecycle import iter_objects as _iter_objects
 from kvstore_tiers.backends.s3.negative_cache import NegativeCache
 from kvstore_tiers.backends.s3.probe import probe as _probe
 from kvstore_tiers.backends.s3.record import keep_fresh, record_put_args
-from kvstore_tiers.batching import LoadItem, StoreItem, encode_batch
+from kvstore_tiers.batching import encode_batch
 from kvstore_tiers.errors import ObjectMissing, TransientError, classify
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.ratelimit import RateLimitedLogger

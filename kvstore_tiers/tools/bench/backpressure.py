@@ -23,8 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvstore_tiers.backends.base import Result, StoreItem
 from kvstore_tiers.backends.fs import FileSystemBackend
-from kvstore_tiers.batching import Result, StoreItem
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.tier import KVStoreTier
 

@@ -762,8 +762,8 @@ def test_a_full_disk_is_no_space_left_not_an_io_error(io, tmp_path: Path) -> Non
 
 
 def test_the_fs_tier_reports_a_full_disk_as_no_space_left(tmp_path: Path) -> None:
+    from kvstore_tiers.backends.base import StoreItem
     from kvstore_tiers.backends.fs import FileSystemBackend, FsConfig
-    from kvstore_tiers.batching import StoreItem
     from kvstore_tiers.codecs import CodecId
     from kvstore_tiers.errors import TransientError
     from kvstore_tiers.frame import FrameCodec
@@ -792,8 +792,8 @@ def test_a_store_sends_a_row_whose_checksum_is_known_without_asking_for_one(
     checksummed again; one without is checksummed by the publish call. Both
     frames carry the row's CRC-32C."""
     crc32c = pytest.importorskip("crc32c")
+    from kvstore_tiers.backends.base import StoreItem
     from kvstore_tiers.backends.fs import FileSystemBackend, FsConfig
-    from kvstore_tiers.batching import StoreItem
     from kvstore_tiers.codecs import CodecId
     from kvstore_tiers.frame import CHECKSUM_AT, FrameCodec, parse_header
     from kvstore_tiers.namespace import Namespace

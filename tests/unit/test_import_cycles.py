@@ -1,0 +1,121 @@
+"""The modules of kvstore_tiers import each other without a cycle.
+
+Imports under ``if TYPE_CHECKING:`` and imports inside functions count: a
+cycle there is still two modules that each need the other's concepts, so a
+type lives with the protocol that owns it, and the graph stays a DAG.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PKG = "kvstore_tiers"
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules(root: Path) -> dict[str, Path]:
+    return {_module_name(p, root): p for p in sorted((root / PKG).rglob("*.py"))}
+
+
+def _resolve(name: str, known: dict[str, Path]) -> str | None:
+    """The package module ``name`` is, or the nearest package that holds it."""
+    while name:
+        if name in known:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Every package module ``module`` imports, anywhere in its file."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            # ``from pkg import mod`` imports pkg.mod where it is a module.
+            names = [f"{base}.{alias.name}" for alias in node.names] + [base]
+        for name in names:
+            target = _resolve(name, known)
+            if target is not None and target != module and name.startswith(PKG):
+                found.add(target)
+    return found
+
+
+def graph(root: Path = ROOT) -> dict[str, set[str]]:
+    known = _modules(root)
+    edges = {m: _imports(m, p, known) for m, p in known.items()}
+    # A package's __init__ that imports its own modules is no cycle with them.
+    return {m: {t for t in ts if not m.startswith(f"{t}.")} for m, ts in edges.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    found = cycles(graph())
+    assert not found, "import cycles (TYPE_CHECKING and function-level imports count): " + \
+        "; ".join(" <-> ".join(c) for c in found)
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_cycle_is_found(tmp_path: Path, guarded: bool) -> None:
+    """The test can fail: two modules that import each other, one of them only
+    for type checking, are a cycle."""
+    pkg = tmp_path / PKG
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from kvstore_tiers.b import B\n")
+    body = "from kvstore_tiers import a\n"
+    if guarded:
+        body = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n"
+    (pkg / "b.py").write_text(body)
+    assert cycles(graph(tmp_path)) == [["kvstore_tiers.a", "kvstore_tiers.b"]]
