@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm.v1.kv_offload.base import Locality, Medium, OffloadingEvent
 from vllm.v1.kv_offload.tiering.base import JobResult
@@ -62,6 +62,9 @@ from kvstore_tiers.outcome import Summary
 from kvstore_tiers.pool import PoolJob
 from kvstore_tiers.presence import new_receipt
 from kvstore_tiers.ratelimit import RateLimitedLogger
+
+if TYPE_CHECKING:
+    from kvstore_tiers.ledger import Ledger
 
 
 class LoadObserver(Protocol):
@@ -273,6 +276,7 @@ class Job(PoolJob):
         ctx = self.ctx
         s = Summary.of(self.keys, self.outcomes, self.stored_bytes,  # type: ignore[arg-type]
                        self.is_load, self.declined)
+        s.job_id, s.submit_time = self.job_id, self.submit_time
         if not self.is_load:
             # Only the blocks admitted moved. None: bytes and time 0, which
             # vLLM's backpressure detector ignores rather than counting as a
@@ -312,6 +316,34 @@ class Job(PoolJob):
         ok = [k for k, done in zip(self.keys, landed, strict=True) if done]
         bad = [k for k, done in zip(self.keys, landed, strict=True) if not done]
         return ok, bad
+
+    def settle(self, ledger: Ledger) -> JobResult | None:
+        """Scheduler thread: apply this finished job to ``ledger``; its JobResult,
+        or None if it was reported already (failed at its deadline)."""
+        if self.reported:
+            return None
+        self.reported = True
+        try:
+            s = self.summary or self.summarise()
+        except Exception:  # finish broke: the slots' outcomes are unknown
+            ledger.store_bytes_in_flight -= self.pinned_bytes
+            return ledger.failed(self.job_id, self.is_load, self.req_id, list(self.keys),
+                                 self.declined, self.receipt)
+        if self.is_load:
+            return ledger.loaded(s, self.req_id)
+        return ledger.stored(s, self.receipt, self.pinned_bytes)
+
+    def settle_expired(self, ledger: Ledger) -> JobResult:
+        """Scheduler thread: report this load at its deadline (:meth:`expire`)."""
+        ok, bad = self.expire()
+        return ledger.expired(self.job_id, self.req_id, ok, bad, self.submit_time,
+                              self.transfer_time)
+
+    @property
+    def pinned_bytes(self) -> int:
+        """Bytes of the primary this store pins until it is reported (counted
+        against ``max_store_bytes_in_flight``); 0 for a load."""
+        return 0 if self.is_load else self.offered * self.ctx.rows.row_bytes
 
     def finish(self) -> None:
         self.summary = self.summarise()

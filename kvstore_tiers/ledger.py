@@ -1,9 +1,11 @@
 """The tier's ledger: what finished (or refused) transfers mean on the scheduler side.
 
-:class:`Ledger` applies a finished :class:`~kvstore_tiers.job.Job`'s
-summary, a deadline expiry or a refusal at submit to the scheduler thread's
-state -- the presence index, the failed-load verdicts, the circuit breaker,
-the counters and the kv events -- and returns vLLM's ``JobResult``.
+:class:`Ledger` applies a finished job's :class:`~kvstore_tiers.outcome.Summary`
+(one entry point per outcome: :meth:`Ledger.stored`, :meth:`Ledger.loaded`;
+the ledger knows no job class), a deadline expiry or a refusal at submit to
+the scheduler thread's state -- the presence index, the failed-load
+verdicts, the circuit breaker, the counters and the kv events -- and
+returns vLLM's ``JobResult``.
 
 Scheduler thread only (vLLM calls ``get_finished_jobs`` and ``submit_*``
 there), so no lock. A fully successful job costs a few counter updates and
@@ -40,7 +42,6 @@ from vllm.v1.kv_offload.tiering.base import JobResult
 from kvstore_tiers.backpressure import BreakerCountedDetector
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.health import BreakerState, CircuitBreaker
-from kvstore_tiers.job import Job
 from kvstore_tiers.metrics import TierCounters, TierMetrics
 from kvstore_tiers.outcome import Summary
 from kvstore_tiers.presence import PresenceIndex, settle
@@ -83,6 +84,9 @@ class Ledger:
         self.report_admission: Callable[[TierCounters], None] | None = None
         #: Warnings of the scheduler thread (``log``: the tier's SchedulerLogger).
         self.warn = RateLimitedLogger(log, interval_s=30.0)
+        self._log = log
+        #: Backpressure: bytes of store jobs submitted and not yet reported.
+        self.store_bytes_in_flight = 0
         #: Where the tier's backpressure detector takes a verdict per failed store
         #: job reported (:mod:`kvstore_tiers.backpressure`); None: it takes none.
         self.failed_stores: deque[bool | None] | None = (
@@ -175,76 +179,100 @@ class Ledger:
                 if held is not None:
                     held.discard(key)
 
-    # -- finished ----------------------------------------------------------------------
-    def completed(self, job: Job) -> JobResult:
-        """Apply a finished job's summary; vLLM's JobResult for it."""
-        s = job.summary or job.summarise()
+    # -- finished: one entry point per outcome ----------------------------------------
+    # A finished job settles itself (:meth:`Job.settle <kvstore_tiers.job.Job.settle>`)
+    # through one of these, with its condensed summary: the ledger knows outcomes,
+    # not job classes.
+    def stored(self, s: Summary, receipt: Any, pinned_bytes: int) -> JobResult:
+        """Apply a finished store's summary (its keys share ``receipt`` in the
+        presence index; it pinned ``pinned_bytes`` of the primary, counted in
+        :attr:`store_bytes_in_flight`); vLLM's JobResult for it. Never raises:
+        if applying it breaks, the store is reported failed."""
+        self.store_bytes_in_flight -= pinned_bytes
+        try:
+            answered = self._settled(s, "store_seconds")
+            self._apply_store(s, receipt)
+            # s.bad: what result.success says, without touching the JobResult
+            # (cold by now). As the breaker counts it: cancelled ones neither way.
+            if s.bad:
+                self._failed_store(False if answered else (True if s.transient else None))
+            return s.result  # type: ignore[return-value]
+        except Exception:
+            self._broke(s)
+            return self.failed(s.job_id, False, "", [*s.ok, *s.bad], s.skipped, receipt)
+
+    def loaded(self, s: Summary, req_id: str) -> JobResult:
+        """Apply a finished load's summary for request ``req_id``; vLLM's
+        JobResult for it. Never raises (as :meth:`stored`)."""
+        try:
+            self._settled(s, "load_seconds")
+            self._apply_load(s, req_id)
+            return s.result  # type: ignore[return-value]
+        except Exception:
+            self._broke(s)
+            return self.failed(s.job_id, True, req_id, [*s.ok, *s.bad], (), None)
+
+    def _settled(self, s: Summary, latency: str) -> int:
+        """What every finished job records: the breaker's keys and its latency;
+        how many keys the backend answered."""
         assert s.result is not None
         # A job the policy admitted none of records (0, 0): it proves nothing,
         # and a half-open circuit probes again with the next job.
         answered = len(s.ok) + s.missing + s.corrupt
         self.breaker.record_keys(answered, s.transient)
-        if job.n_slots:  # one that wrote nothing is no store's latency
-            self.metrics.observe("load_seconds" if job.is_load else "store_seconds",
-                                 time.monotonic() - job.submit_time)
-        result = s.result
-        if job.is_load:
-            self._apply_load(job, s)
-        else:
-            self._apply_store(job, s)
-            # s.bad: what result.success says, without touching the JobResult
-            # (cold by now). As the breaker counts it: cancelled ones neither way.
-            if s.bad:
-                self._failed_store(False if answered else (True if s.transient else None))
-        return result
+        if s.ok or s.bad:  # one that moved nothing is no transfer's latency
+            self.metrics.observe(latency, time.monotonic() - s.submit_time)
+        return answered
 
-    def failed(self, job: Job) -> JobResult:
-        """Report ``job`` failed as a whole (applying its outcomes broke)."""
-        if job.is_load:
-            self.fail_loads(job.req_id, job.keys)
+    def _broke(self, s: Summary) -> None:
+        # A job taken from the pool must still be reported, or vLLM waits on it forever.
+        self._log.exception("kvstore tier %s: completing job %d failed; reporting it failed",
+                            self.label, s.job_id)
+
+    def failed(self, job_id: int, is_load: bool, req_id: str, keys: list[bytes],
+               declined: list[bytes] | tuple[()], receipt: Any) -> JobResult:
+        """Report a job failed as a whole (its outcomes are unknown, or applying
+        them broke): a load's ``keys`` of ``req_id`` as failed loads, a store's
+        as failed stores that leave the presence index (``declined``: those not
+        offered to the backend)."""
+        if is_load:
+            self.fail_loads(req_id, keys)
         else:
             # Blocks the policy did not admit were never to be written.
-            self.counters.store_failures += len(job.keys)
-            for keys in (job.keys, job.declined):
-                self.presence.discard_receipt(keys, job.receipt)
-                self._evicted_in_flight.difference_update(keys)  # no stored event follows
-            if job.declined and self.report_admission is not None:
+            self.counters.store_failures += len(keys)
+            for part in (keys, declined):
+                self.presence.discard_receipt(part, receipt)
+                self._evicted_in_flight.difference_update(part)  # no stored event follows
+            if declined and self.report_admission is not None:
                 self.report_admission(self.counters)
             self._failed_store(True)
-        return JobResult(job_id=job.job_id, success=False)
+        return JobResult(job_id=job_id, success=False)
 
-    def expired(self, job: Job) -> JobResult:
-        """Report a load job at its deadline: its landed rows loaded, the rest failed."""
-        ok, bad = job.expire()
+    def expired(self, job_id: int, req_id: str, ok: list[bytes], bad: list[bytes],
+                submit_time: float, transfer_time: float) -> JobResult:
+        """Report a load job of ``req_id`` at its deadline: ``ok`` landed, ``bad``
+        failed (:meth:`Job.expire <kvstore_tiers.job.Job.expire>` took them)."""
         c = self.counters
         c.objects_loaded += len(ok)
         c.raw_bytes_read += len(ok) * self.row_bytes
-        self.metrics.observe("load_seconds", time.monotonic() - job.submit_time)
+        self.metrics.observe("load_seconds", time.monotonic() - submit_time)
         self.breaker.record_keys(len(ok), len(bad))
         if not bad:
-            return JobResult(job_id=job.job_id, success=True, transfer_time=job.transfer_time)
+            return JobResult(job_id=job_id, success=True, transfer_time=transfer_time)
         self.load_timeouts += 1
         for k in bad:
             self.presence.discard(k)
-        self.fail_loads(job.req_id, bad)
+        self.fail_loads(req_id, bad)
         self.warn.warning(
             "load-timeout", "kvstore tier %s: load of %d blocks passed its %.3fs deadline; "
             "reported failed (vLLM recomputes)", self.label, len(bad), self.load_timeout_s or 0.0,
         )
-        return JobResult(job_id=job.job_id, success=False, successful_keys=tuple(ok) or None,
-                         transfer_time=job.transfer_time)
+        return JobResult(job_id=job_id, success=False, successful_keys=tuple(ok) or None,
+                         transfer_time=transfer_time)
 
-    def filled(self, job: Job) -> None:
-        """Apply a finished read-through fill (:mod:`kvstore_tiers.readthrough`):
-        a store of this tier that vLLM never submitted, so no JobResult."""
-        written = job.summary.written if job.summary is not None else 0
-        self.completed(job)
-        self.counters.read_through_stored += written
-
-    def _apply_store(self, job: Job, s: Summary) -> None:
+    def _apply_store(self, s: Summary, receipt: Any) -> None:
         # No per-key work for stored keys: their receipt makes all of them
         # stored; failed and not admitted ones are forgotten.
-        receipt = job.receipt
         settle(receipt)
         c = self.counters
         c.objects_skipped += s.existed
@@ -264,25 +292,26 @@ class Ledger:
             if len(s.bad) > s.cancelled:
                 self.warn.warning(
                     "store-failed", "kvstore tier %s: %d of %d stores failed: %s",
-                    self.label, len(s.bad) - s.cancelled, len(job.keys),
+                    self.label, len(s.bad) - s.cancelled, len(s.ok) + len(s.bad),
                     s.first_error or s.first_corrupt,
                 )
         if self._evicted_in_flight:
-            self._leave_out_evicted(job, s)
+            self._leave_out_evicted(s)
         if s.event is not None and self.events is not None:
             self.events.append(s.event)
 
-    def _leave_out_evicted(self, job: Job, s: Summary) -> None:
-        """Drop from ``job``'s stored event the keys evicted while it was in flight."""
+    def _leave_out_evicted(self, s: Summary) -> None:
+        """Drop from a store's event the keys evicted while it was in flight."""
         gone = self._evicted_in_flight
         if s.event is not None:
             s.event.keys = [k for k in s.event.keys if k not in gone]
             if not s.event.keys:
                 s.event = None
-        gone.difference_update(job.keys)
-        gone.difference_update(job.declined)
+        gone.difference_update(s.ok)
+        gone.difference_update(s.bad)
+        gone.difference_update(s.skipped)
 
-    def _apply_load(self, job: Job, s: Summary) -> None:
+    def _apply_load(self, s: Summary, req_id: str) -> None:
         # Loaded keys are in the presence index already: stored by this
         # process, or added when the existence check found them.
         c = self.counters
@@ -313,11 +342,10 @@ class Ledger:
                 "load-failed", "kvstore tier %s: %d load(s) failed: %s",
                 self.label, s.transient, s.first_error,
             )
-        self._hold_verdicts(job.req_id, failed)
+        self._hold_verdicts(req_id, failed)
 
     # -- inspection ----------------------------------------------------------------------
-    def gauges(self, queued_chunks: int, store_bytes_in_flight: int, evicted_objects: int
-               ) -> dict[str, float]:
+    def gauges(self, queued_chunks: int, evicted_objects: int) -> dict[str, float]:
         """The tier's gauges for vLLM's stats (and the eviction count, kept by the backend)."""
         self.counters.objects_evicted = evicted_objects
         state = self.breaker.state
@@ -325,7 +353,7 @@ class Ledger:
             "healthy": float(state is BreakerState.CLOSED),
             "circuit_state": float(int(state)),
             "queued_chunks": float(queued_chunks),
-            "store_bytes_in_flight": float(store_bytes_in_flight),
+            "store_bytes_in_flight": float(self.store_bytes_in_flight),
         }
 
     def log_totals(self) -> None:

@@ -38,9 +38,13 @@ class Summary:
     cancelled_keys: list[bytes] | tuple[()] = ()
     first_error: BaseException | None = None
     first_corrupt: BaseException | None = None
-    #: vLLM's records, built on the finishing I/O thread (see :func:`summarise`).
+    #: vLLM's records, built on the finishing I/O thread (:meth:`Job.summarise
+    #: <kvstore_tiers.job.Job.summarise>`).
     result: JobResult | None = None
     event: OffloadingEvent | None = None
+    #: The job's vLLM id and submit time (monotonic), for the ledger.
+    job_id: int = -1
+    submit_time: float = 0.0
 
     @classmethod
     def of(cls, keys: list[bytes], outcomes: list[Any], stored_bytes: list[int],

@@ -93,6 +93,14 @@ class PoolJob:
     def finish(self) -> None:
         """Called once when every slot is accounted (see the class docstring)."""
 
+    def settle(self, ledger: Any) -> Any:
+        """Called once on the thread that takes the job from
+        :attr:`IOPool.finished` (the tier's scheduler thread): apply the job to
+        the tier's ``ledger``; what to report to vLLM, or None (a background
+        job no one waits for). The completion protocol of every job: the taker
+        asks no job its class."""
+        return None
+
 
 class _Group:
     """Workers that serve the same queues, in the same order, and sleep on one wake queue."""

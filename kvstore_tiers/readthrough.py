@@ -63,6 +63,7 @@ from kvstore_tiers.job import Job, PrimaryRows, TransferContext, run_slots
 from kvstore_tiers.metrics import TierCounters
 
 if TYPE_CHECKING:
+    from kvstore_tiers.ledger import Ledger
     from kvstore_tiers.pool import IOPool
     from kvstore_tiers.presence import PresenceIndex
 
@@ -276,6 +277,14 @@ class FillJob(Job):
         super().finish()
         self.ctx.rows.release()
         self.intake.settled(self, len(self.reused))
+
+    def settle(self, ledger: Ledger) -> None:
+        """A store of this tier that vLLM never submitted: applied, counted in
+        ``read_through_stored``, and reported to no one. It pins no primary row
+        of its own (it writes snapshots)."""
+        s = self.summary or self.summarise()
+        ledger.stored(s, self.receipt, 0)
+        ledger.counters.read_through_stored += s.written
 
 
 def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:

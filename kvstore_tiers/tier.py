@@ -131,10 +131,9 @@ class KVStoreTier(SecondaryTierManager):
                                                             ledger.counters, self._block_size_bytes)
         if policy is not None:
             ledger.report_admission = policy.report
-        self._deadlined: dict[int, Job] = {}  # loads with a deadline, in flight
+        #: Loads with a deadline, until reported (settled jobs leave at the next poll).
+        self._deadlined: dict[int, Job] = {}
         self._ready: deque[JobResult] = deque()  # refused at submit, reported next poll
-        #: Backpressure: bytes of store jobs submitted and not yet reported (scheduler thread).
-        self._store_bytes_in_flight = 0
         self._max_store_bytes_in_flight = assembly.store_backlog_bound(
             config.max_store_bytes_in_flight, self.rows.count * self._block_size_bytes)
         self._ctx = TransferContext(
@@ -206,36 +205,23 @@ class KVStoreTier(SecondaryTierManager):
                 readthrough.fill_jobs(self.intake, self.presence, self.pool)
             while self._ready:
                 results.append(self._ready.popleft())
-            finished, retired = self.pool.finished, self.pool.retired
+            finished, retired, ledger = self.pool.finished, self.pool.retired, self._ledger
             while finished:
                 job = finished.popleft()
                 retired.append(job)  # freed by an I/O thread's next batch, not this thread
-                if type(job) is not Job:  # not isinstance() first: vLLM's jobs take one check
-                    if isinstance(job, readthrough.FillJob):
-                        self._ledger.filled(job)
-                        continue
-                    if not isinstance(job, Job):
-                        continue  # a background touch
-                if job.reported:
-                    continue  # a job already failed at its deadline
-                if job.deadline is not None:
-                    self._deadlined.pop(job.job_id, None)
-                elif not job.is_load:
-                    self._store_bytes_in_flight -= job.offered * self._block_size_bytes
-                job.reported = True
-                try:
-                    results.append(self._ledger.completed(job))
-                except Exception:
-                    # A job popped here must still be reported, or vLLM waits on it forever.
-                    self._log.exception("kvstore tier %s: completing job %d failed; reporting "
-                                     "it failed", self.tier_type, job.job_id)
-                    results.append(self._ledger.failed(job))
+                # Every job settles itself (one completion protocol; never raises).
+                result = job.settle(ledger)
+                if result is not None:
+                    results.append(result)
             job = None  # this frame's reference too: the pool's is the last
-            if self._deadlined:
+            deadlined = self._deadlined
+            if deadlined:
                 now = time.monotonic()
-                for job in [j for j in self._deadlined.values() if now > (j.deadline or now)]:
-                    self._deadlined.pop(job.job_id, None)
-                    results.append(self._ledger.expired(job))
+                for job in [j for j in deadlined.values() if j.reported or now > j.deadline]:
+                    del deadlined[job.job_id]
+                    if not job.reported:  # past its deadline, still running
+                        results.append(job.settle_expired(ledger))
+                job = None
             if self.load_trace is not None:
                 self.load_trace.picked(results)
         except Exception:
@@ -326,7 +312,7 @@ class KVStoreTier(SecondaryTierManager):
     def gauges(self) -> dict[str, float]:
         """The gauges as exported now (queued chunks, store bytes in flight, health...)."""
         evictions = self.backend.evictions
-        return self._ledger.gauges(self.pool.queued_chunks, self._store_bytes_in_flight,
+        return self._ledger.gauges(self.pool.queued_chunks,
                                    evictions.objects if evictions is not None else 0)
 
     # ---------------------------------------------------------------- internals
@@ -373,7 +359,7 @@ class KVStoreTier(SecondaryTierManager):
             return
         if not is_load:
             nbytes = len(keys) * self._block_size_bytes
-            in_flight = self._store_bytes_in_flight
+            in_flight = self._ledger.store_bytes_in_flight
             if in_flight and in_flight + nbytes > self._max_store_bytes_in_flight:
                 # Backpressure: the tier is behind. Queueing would pin more of
                 # the primary, whose rows promotions need; drop it (vLLM keeps
@@ -406,4 +392,4 @@ class KVStoreTier(SecondaryTierManager):
                                "failing job", self.tier_type, self.pool.queued_chunks)
             self._fail_now(tj.job_id, tj, is_load)
         elif not is_load:
-            self._store_bytes_in_flight += nbytes
+            self._ledger.store_bytes_in_flight += nbytes

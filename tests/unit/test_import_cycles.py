@@ -119,3 +119,11 @@ def test_a_cycle_is_found(tmp_path: Path, guarded: bool) -> None:
         body = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .a import A\n"
     (pkg / "b.py").write_text(body)
     assert cycles(graph(tmp_path)) == [["kvstore_tiers.a", "kvstore_tiers.b"]]
+
+
+def test_the_scheduler_side_knows_outcomes_not_job_classes() -> None:
+    """The ledger applies summaries through one entry point per outcome, and a
+    summary is condensed from per-slot lists: neither imports a job module."""
+    edges = graph()
+    for module in ("kvstore_tiers.ledger", "kvstore_tiers.outcome"):
+        assert not edges[module] & {"kvstore_tiers.job", "kvstore_tiers.readthrough"}, module
