@@ -20,13 +20,14 @@ from kvstore_tiers.admission import (
     Policy,
     ReusePolicy,
 )
+from kvstore_tiers.compat import secondary_tier_configs
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.fingerprint import FingerprintError
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.namespace import Namespace
 from kvstore_tiers.pool import IOPool
-from kvstore_tiers.readthrough import Intake, intake_for, register
+from kvstore_tiers.readthrough import Intake, check_one_caching_tier
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingEvent, OffloadingSpec
@@ -153,12 +154,11 @@ def store_backlog_bound(configured: int | None, primary_bytes: int) -> float:
 
 
 def read_through(offloading_spec: OffloadingSpec, config: TierConfig, tier_type: str,
-                 row_bytes: int) -> tuple[Intake | None, Intake]:
-    """The intake of the tier that caches this one (``read_through`` on a tier
-    listed before it; None: none does), and this tier's own intake, registered
-    for the tiers after it when it sets ``read_through``."""
-    caching = intake_for(offloading_spec)
-    own = Intake(tier_type, row_bytes, config.read_through_max_bytes)
+                 row_bytes: int) -> Intake:
+    """This tier's intake of blocks later tiers load, used when it sets
+    ``read_through`` (it subscribes to them at its first step:
+    :func:`kvstore_tiers.readthrough.subscribe`); a second tier of the same
+    ``secondary_tiers`` that sets it fails start-up, naming the key."""
     if config.read_through:
-        register(offloading_spec, own)
-    return caching, own
+        check_one_caching_tier(secondary_tier_configs(offloading_spec), tier_type)
+    return Intake(tier_type, row_bytes, config.read_through_max_bytes)

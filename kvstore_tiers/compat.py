@@ -67,3 +67,17 @@ def declare_histogram(stats: Any, name: str, labelvalues: tuple[str, ...]) -> No
             values.setdefault(name, {}).setdefault(labelvalues, [])
     except Exception:
         return
+
+
+def secondary_tiers(offloading_spec: Any) -> list[Any] | None:
+    """The secondary tiers vLLM's ``TieringOffloadingSpec`` built, in
+    ``secondary_tiers`` order, once its manager exists (0.32 and 0.33 keep it
+    in ``_manager``); None for a spec that built none (a test's stand-in)."""
+    tiers = getattr(getattr(offloading_spec, "_manager", None), "secondary_tiers", None)
+    return list(tiers) if isinstance(tiers, list | tuple) else None
+
+
+def secondary_tier_configs(offloading_spec: Any) -> list[Any]:
+    """The ``secondary_tiers`` configs of the spec, in order ([] for a stand-in)."""
+    configs = getattr(offloading_spec, "secondary_tier_configs", None)
+    return list(configs) if isinstance(configs, list | tuple) else []

@@ -130,10 +130,10 @@ class TransferContext:
     #: The load trace (:mod:`kvstore_tiers.loadtrace`); None: off, and a load
     #: pays this one test for it.
     trace: LoadTrace | None = None
-    #: The caching tier's intake (:mod:`kvstore_tiers.readthrough`): the blocks
-    #: each load batch put in primary rows, offered when the job finishes;
-    #: None: no tier caches this one.
-    fill: LoadObserver | None = None
+    #: Told of the rows each load verified (:class:`LoadObserver`), wired by
+    #: whoever composes the tiers; None: no one listens, and a load pays this
+    #: one test for it.
+    observer: LoadObserver | None = None
     #: The backend's batch calls, chosen once (:func:`kvstore_tiers.batching.batch_calls`).
     store_many: Callable[[Sequence[StoreItem], FrameCodec], list[Result]] = field(init=False)
     load_many: Callable[[Sequence[LoadItem], FrameCodec], list[Result]] = field(init=False)
@@ -171,8 +171,8 @@ class Job(PoolJob):
     scheduler may expire it before any I/O thread took it.
     """
 
-    __slots__ = ("cids", "ctx", "deadline", "declined", "expired", "fills", "is_load", "keys",
-                 "landed", "lock", "offered", "outcomes", "receipt", "reported", "req_id",
+    __slots__ = ("cids", "ctx", "deadline", "declined", "expired", "is_load", "keys",
+                 "landed", "lock", "notes", "offered", "outcomes", "receipt", "reported", "req_id",
                  "stored_bytes", "submit_time", "summary")
 
     def __init__(
@@ -203,8 +203,8 @@ class Job(PoolJob):
         self.receipt = None if is_load else new_receipt()
         #: Stores: the keys the admission policy did not admit (set by start()).
         self.declined: list[bytes] | tuple[()] = ()
-        #: Loads of a cached tier: the blocks loaded, for read-through.
-        self.fills: list[Any] | tuple[()] = ()
+        #: Loads with an observer: what it noted of each batch, handed to it at finish.
+        self.notes: list[Any] | tuple[()] = ()
 
     def start(self, runs: bool) -> None:
         """For a store job that will run, ask the admission policy which blocks
@@ -216,8 +216,8 @@ class Job(PoolJob):
         n = self.n_slots
         self.stored_bytes = [0] * n
         self.outcomes = [None] * n
-        if self.is_load and self.ctx.fill is not None:
-            self.fills = []
+        if self.is_load and self.ctx.observer is not None:
+            self.notes = []
 
     def _admit(self) -> None:
         """Ask the admission policy, once; keep only the keys it admits.
@@ -352,8 +352,8 @@ class Job(PoolJob):
         # in its cache, made up much of a job's completion cost. (``landed``
         # stays: an expiring load reads it under ``lock``.)
         self.outcomes, self.stored_bytes, self.cids = (), (), ()
-        if self.fills:  # read-through: the load is done, its blocks may be written
-            self.ctx.fill.offer(self.fills)  # type: ignore[union-attr]
+        if self.notes:  # the load is done: its observer may use the rows it noted
+            self.ctx.observer.offer(self.notes)  # type: ignore[union-attr]
         trace = self.ctx.trace
         if trace is not None and self.is_load:
             trace.published(self.job_id, self.n_slots, self.submit_time, not self.summary.bad)
@@ -441,8 +441,8 @@ def _load(job: Job, codec: FrameCodec, start: int, stop: int, load_many: LoadMan
         job.stored_bytes[s] = res
         if deadlined:
             _land(job, s, item.dest)
-    if ctx.fill is not None:  # read-through: note the blocks now in their rows
-        ctx.fill.loaded(job.fills, items, job.outcomes[start:stop], job.cids[start:stop])
+    if ctx.observer is not None:  # the blocks now verified in their rows
+        ctx.observer.loaded(job.notes, items, job.outcomes[start:stop], job.cids[start:stop])
 
 
 def _land(job: Job, slot: int, scratch: memoryview) -> None:

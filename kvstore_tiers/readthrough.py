@@ -39,10 +39,12 @@ time the block falls out of its CPU tier. A tier configured with
 
 A block is therefore written at most once per caching tier by this process
 (the presence index skips the keys it holds or has in flight; a backend's
-write-once put answers "existed" for one another process wrote). Tiers find
-their caching tier through the ``OffloadingSpec`` they are built with
-(:func:`register`, :func:`intake_for`): one spec is one manager, whose tiers
-vLLM builds in list order.
+write-once put answers "existed" for one another process wrote). The
+caching tier subscribes to the tiers after it explicitly (:func:`subscribe`),
+from the list of tiers vLLM's manager built (:func:`kvstore_tiers.compat.secondary_tiers`),
+at its first step: vLLM builds the tiers one by one and calls none of them
+before the manager exists. No lookup by the spec: a tier builds with any spec
+object.
 """
 
 from __future__ import annotations
@@ -52,7 +54,6 @@ import dataclasses
 import mmap
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -66,9 +67,6 @@ if TYPE_CHECKING:
     from kvstore_tiers.ledger import Ledger
     from kvstore_tiers.pool import IOPool
     from kvstore_tiers.presence import PresenceIndex
-
-_intakes: weakref.WeakKeyDictionary[Any, Intake] = weakref.WeakKeyDictionary()
-
 
 #: What a fill compares a row with: its CRC-32C and bytes sampled over it (:func:`mark`).
 Mark = tuple[int, bytes]
@@ -320,24 +318,25 @@ def drained(*intakes: Intake | None) -> None:
             intake.drain()
 
 
-def register(spec: Any, intake: Intake) -> None:
-    """``intake`` caches the tiers built after it for ``spec`` (one manager)."""
+def check_one_caching_tier(configs: list[Any], label: str) -> None:
+    """Start-up: ``read_through`` is set on at most one of a manager's tier
+    ``configs`` (``secondary_tiers`` in order); else a ConfigError naming it."""
     from kvstore_tiers.errors import ConfigError
 
-    if spec in _intakes:
-        raise ConfigError(f"read_through: tier {intake.label!r} sets it, and so does tier "
-                          f"{_intakes[spec].label!r} listed before it; one tier of "
-                          "secondary_tiers may cache the tiers after it")
-    _intakes[spec] = intake
+    caching = [c.get("type") for c in configs if isinstance(c, dict) and c.get("read_through")]
+    if len(caching) > 1:
+        raise ConfigError(f"read_through: tier {label!r} sets it, and so do the tiers "
+                          f"{caching!r} of the same secondary_tiers; one tier may cache the "
+                          "tiers after it")
 
 
-def unregister(spec: Any, intake: Intake) -> None:
-    """The caching tier shuts down: later loads are no longer offered to it."""
-    intake.close()
-    if _intakes.get(spec) is intake:
-        del _intakes[spec]
-
-
-def intake_for(spec: Any) -> Intake | None:
-    """The caching tier built before this one for ``spec``, if any."""
-    return _intakes.get(spec)
+def subscribe(intake: Intake, tiers: list[Any], caching: Any) -> None:
+    """Wire the caching tier ``caching`` (its ``intake``) to the tiers listed
+    after it in ``tiers`` (vLLM's, in ``secondary_tiers`` order): each reports
+    the blocks its loads verify to ``intake`` (``observe_loads``). Tiers that
+    are not ours (no ``observe_loads``) are left alone."""
+    after = False
+    for tier in tiers:
+        if after and hasattr(tier, "observe_loads"):
+            tier.observe_loads(intake)
+        after = after or tier is caching

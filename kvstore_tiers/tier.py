@@ -27,6 +27,7 @@ vllm#49328, #49176): a doomed promotion is never retried in a loop.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -47,13 +48,13 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from kvstore_tiers import assembly, loadtrace, readthrough
+from kvstore_tiers import assembly, compat, loadtrace, readthrough
 from kvstore_tiers.backends.base import Backend
 from kvstore_tiers.codecs import resolve_compression
 from kvstore_tiers.config import TierConfig, validate_config, warn_inline_secrets
 from kvstore_tiers.existence import ExistenceCheck
 from kvstore_tiers.health import BreakerState
-from kvstore_tiers.job import Job, PrimaryRows, TouchJob, TransferContext
+from kvstore_tiers.job import Job, LoadObserver, PrimaryRows, TouchJob, TransferContext
 from kvstore_tiers.ledger import Ledger
 from kvstore_tiers.log import SchedulerLogger, attach_to_vllm_logging
 from kvstore_tiers.metrics import metric_definitions
@@ -103,8 +104,10 @@ class KVStoreTier(SecondaryTierManager):
             backpressure_detector = assembly.default_detector(remote, tier_type, config)
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
         self.config = config
-        caching, self.intake = assembly.read_through(offloading_spec, config, tier_type,
-                                                      self._block_size_bytes)
+        self.intake = assembly.read_through(offloading_spec, config, tier_type,
+                                            self._block_size_bytes)
+        #: Read-through: subscribe to the tiers after this one at the first step.
+        self._unwired = config.read_through
         self.locality = Locality(config.locality or ("REMOTE" if remote else "LOCAL"))
         cipher = assembly.open_cipher(config)
         self.encrypted = cipher is not None
@@ -140,7 +143,7 @@ class KVStoreTier(SecondaryTierManager):
             self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
             self.locality, ledger.events is not None, RateLimitedLogger(logger, interval_s=30.0),
             None if policy is None else policy.seen, None if policy is None else policy.admit,
-            trace=self.load_trace, fill=caching)
+            trace=self.load_trace)
         self.pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
                                          tuning.header_align, cipher)
         self._lookup = ExistenceCheck(self._ctx)
@@ -259,6 +262,10 @@ class KVStoreTier(SecondaryTierManager):
     def on_schedule_end(self, context: ScheduleEndContext) -> None:
         try:
             self._lookup.flush()
+            if self._unwired:  # once: vLLM's manager and all its tiers exist by now
+                self._unwired = False
+                readthrough.subscribe(self.intake, compat.secondary_tiers(self._offloading_spec)
+                                      or [], self)
         except Exception:
             self._log.exception("kvstore tier %s: on_schedule_end failed", self.tier_type)
 
@@ -267,7 +274,7 @@ class KVStoreTier(SecondaryTierManager):
         try:
             self.pool.cancel_queued()
             self.pool.wait_idle()
-            readthrough.drained(self.intake, self._ctx.fill)  # vLLM frees the rows loaded
+            readthrough.drained(self.intake, self._ctx.observer)  # vLLM frees the rows loaded
         except Exception:
             self._log.exception("kvstore tier %s: drain_jobs failed", self.tier_type)
 
@@ -283,7 +290,7 @@ class KVStoreTier(SecondaryTierManager):
         if self._closed:
             return
         self._closed = True
-        readthrough.unregister(self._offloading_spec, self.intake)
+        self.intake.close()  # later tiers' loads are no longer offered to it
         steps = [self._lookup.shutdown, self.pool.shutdown, self.backend.close]
         if self.admission is not None:
             steps.insert(0, self.admission.close)  # its probe thread reads the backend
@@ -299,6 +306,13 @@ class KVStoreTier(SecondaryTierManager):
                                       self.namespace.name, f"{os.getpid()}-{id(self):x}")
         self._ledger.log_totals()
         self._log.close()  # writes what the scheduler thread logged
+
+    def observe_loads(self, observer: LoadObserver) -> None:
+        """From now on, the blocks this tier's loads verify are reported to
+        ``observer`` (wired by the caching tier of read-through,
+        :func:`kvstore_tiers.readthrough.subscribe`). Scheduler thread; jobs
+        already queued keep the context they were built with."""
+        self._ctx = dataclasses.replace(self._ctx, observer=observer)
 
     # ------------------------------------------------------------- inspection
     counters = property(lambda self: self.metrics.counters, doc="Cumulative counters.")

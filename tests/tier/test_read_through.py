@@ -10,7 +10,9 @@ its CPU tier forgot them they come from fs, not from the remote again.
 from __future__ import annotations
 
 import time
+import weakref
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -255,3 +257,21 @@ def test_snapshot_buffers_are_reused(harness_factory: Any, tmp_path: Path) -> No
     again = intake.buffers(3)
     assert {id(buf) for buf in again} == {id(buf) for buf in kept}
     assert any(bytes(buf) in {r.tobytes() for r in rows} for buf in again), "used by the fill"
+
+
+def test_a_tier_builds_with_a_spec_that_takes_no_weak_reference(harness_factory: Any,
+                                                                 tmp_path: Path) -> None:
+    """vLLM's own tier tests pass a SimpleNamespace as the spec: a tier, caching
+    or not, finds no other tier through it and builds."""
+    h = harness_factory([fs(tmp_path / "a")], num_chunks=4, chunk_bytes=4096)
+    stand_in = SimpleNamespace(**vars(h.spec))
+    with pytest.raises(TypeError):
+        weakref.ref(stand_in)
+    view = h.manager.primary_tier.get_kv_memoryview()
+    for keys in ({}, {"read_through": True}):
+        tier = type(h.tiers[0])(stand_in, view, "fs", root_dir=str(tmp_path / "b"), **keys)
+        try:
+            tier.on_schedule_end(None)  # the first step wires nothing: the spec built no tiers
+            assert tier.presence is not None
+        finally:
+            tier.shutdown()
