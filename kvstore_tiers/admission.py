@@ -20,8 +20,11 @@ lock, before any of its blocks is written), after the presence index has
 dropped the keys already stored; the job then moves only the keys
 admitted, and the policy counts the others itself (:meth:`Policy.report`
 puts the count into the tier's counters). :meth:`Policy.seen` counts a
-load job's keys, once per job, on the I/O thread that runs it. How often a
-key was seen lately is the frequency sketch's (:mod:`kvstore_tiers.sketch`).
+load's keys, per batch, on the I/O thread that ran it. How often a key was
+seen lately is the frequency sketch's (:mod:`kvstore_tiers.sketch`). The
+tier composes a policy around its store path as an :class:`AdmissionLayer`
+(a store filter and a load observer): jobs, pool, summaries and ledger know
+nothing of admission.
 """
 
 from __future__ import annotations
@@ -31,14 +34,15 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from kvstore_tiers.config import WRITE_COST
 from kvstore_tiers.sketch import FrequencySketch
 
 if TYPE_CHECKING:
     from kvstore_tiers.metrics import TierCounters
+    from kvstore_tiers.ratelimit import RateLimitedLogger
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +62,55 @@ class Policy(Protocol):
 
     def close(self) -> None:
         """The tier shuts down (stops any thread of the policy; idempotent)."""
+
+
+class AdmissionLayer:
+    """Store admission as a layer around a tier's store path, composed by the tier.
+
+    To the jobs it is a store filter (:meth:`keep`: which of a store job's
+    blocks to write, asked once by the I/O thread that starts the job) and a
+    load observer (:meth:`loaded`: a load's blocks count as sightings, on the
+    I/O thread that ran the batch). It counts its own skips into the tier's
+    ``counters`` as it decides (:meth:`Policy.report`; these counts are
+    written by no other thread). Best effort: a policy that fails, or answers
+    an index out of range, admits the whole job (logged, rate-limited), and
+    a sighting not counted only delays an admission.
+    """
+
+    def __init__(self, policy: Policy, counters: TierCounters, warn: RateLimitedLogger,
+                 label: str) -> None:
+        self.policy, self.counters, self.warn, self.label = policy, counters, warn, label
+
+    def keep(self, keys: list[bytes]) -> list[int] | None:
+        """The indices of ``keys`` to write (ascending), None: all of them."""
+        try:
+            admitted = self.policy.admit(keys)
+            if admitted is not None:
+                n = len(keys)
+                for i in admitted:
+                    if not 0 <= i < n:
+                        raise IndexError(f"admitted index {i} of a job of {n} blocks")
+                self.policy.report(self.counters)
+            return admitted
+        except Exception as exc:
+            self.warn.warning("admission", "kvstore tier %s: store admission failed; "
+                              "writing the job's blocks: %r", self.label, exc)
+            return None
+
+    def loaded(self, notes: list[Any], items: Sequence[Any], outcomes: Sequence[Any],
+               cids: Sequence[int]) -> None:
+        """A load batch ran: its blocks count as sightings (whatever became of them)."""
+        try:
+            self.policy.seen([item.key for item in items])
+        except Exception as exc:
+            self.warn.warning("sightings", "kvstore tier %s: counting a load's admission "
+                              "sightings failed: %r", self.label, exc)
+
+    def offer(self, notes: list[Any]) -> None:
+        """Nothing is kept of a load once it finished."""
+
+    def drain(self) -> None:
+        """Nothing is kept of rows loaded."""
 
 
 class ReusePolicy:

@@ -67,6 +67,16 @@ if TYPE_CHECKING:
     from kvstore_tiers.ledger import Ledger
 
 
+class StoreFilter(Protocol):
+    """A layer around a tier's store path: which blocks of a store job to write."""
+
+    def keep(self, keys: list[bytes]) -> list[int] | None:
+        """The indices of ``keys`` to write (ascending, in range; may be empty),
+        None: all of them. Asked once per job that will run, by the I/O thread
+        that starts it, one thread at a time (the pool's lock); never raises."""
+        ...
+
+
 class LoadObserver(Protocol):
     """Told of the rows a tier's loads verified and put in primary rows (I/O threads).
 
@@ -79,6 +89,41 @@ class LoadObserver(Protocol):
                cids: Sequence[int]) -> None: ...
 
     def offer(self, notes: list[Any]) -> None: ...
+
+    def drain(self) -> None:
+        """The observed tier drained (scheduler thread): vLLM may free the rows
+        of what its loads put there before."""
+        ...
+
+
+class _Both:
+    """Two load observers as one; each keeps its own notes of a job."""
+
+    __slots__ = ("first", "second")
+
+    def __init__(self, first: LoadObserver, second: LoadObserver) -> None:
+        self.first, self.second = first, second
+
+    def loaded(self, notes: list[Any], items: Sequence[LoadItem], outcomes: Sequence[Any],
+               cids: Sequence[int]) -> None:
+        if not notes:
+            notes += [[], []]
+        self.first.loaded(notes[0], items, outcomes, cids)
+        self.second.loaded(notes[1], items, outcomes, cids)
+
+    def offer(self, notes: list[Any]) -> None:
+        for observer, kept in ((self.first, notes[0]), (self.second, notes[1])):
+            if kept:
+                observer.offer(kept)
+
+    def drain(self) -> None:
+        self.first.drain()
+        self.second.drain()
+
+
+def observe_both(first: LoadObserver | None, second: LoadObserver) -> LoadObserver:
+    """``second``, told of loads as well as ``first`` (if any)."""
+    return second if first is None else _Both(first, second)
 
 
 class PrimaryRows:
@@ -118,13 +163,9 @@ class TransferContext:
     locality: Locality
     emit_events: bool  # build a kv event for every successful store
     warn: RateLimitedLogger
-    #: Counts a load's blocks as admission sightings (the policy's ``seen``;
-    #: None with ``admission: always``), called by the I/O thread that runs
-    #: the load's first batch, so vLLM's scheduler thread never pays for it.
-    load_sightings: Callable[[list[bytes]], None] | None = None
-    #: Decides which of a store job's blocks are written (the policy's
-    #: ``admit``; None with ``admission: always``), called by :meth:`Job.start`.
-    admit: Callable[[list[bytes]], list[int] | None] | None = None
+    #: Chooses which of a store job's blocks are written (:class:`StoreFilter`),
+    #: asked by :meth:`Job.start`; None: all of them.
+    store_filter: StoreFilter | None = None
     #: Per-I/O-thread bounce buffers of deadlined loads (``.buf``).
     bounce: threading.local = field(default_factory=threading.local)
     #: The load trace (:mod:`kvstore_tiers.loadtrace`); None: off, and a load
@@ -156,10 +197,10 @@ class Job(PoolJob):
     the thread that finishes the job condenses them into ``summary``, so the
     scheduler thread applies a finished job with a few bulk operations.
 
-    Store admission (``ctx.admit``) is decided off the scheduler thread
-    before the job moves a block: :meth:`start` (once, before any slot runs)
-    asks the policy and narrows the job to the keys it admits; the others go
-    to ``declined``, neither stored nor failed, and leave the presence index
+    A store filter (``ctx.store_filter``) is asked off the
+    scheduler thread before the job moves a block: :meth:`start` (once,
+    before any slot runs) narrows the job to the keys it keeps; the others go
+    to ``unwritten``, neither stored nor failed, and leave the presence index
     when the job is reported (their rows pinned until then, as any store's).
 
     Built on vLLM's scheduler thread, so it allocates as little as it can
@@ -171,9 +212,9 @@ class Job(PoolJob):
     scheduler may expire it before any I/O thread took it.
     """
 
-    __slots__ = ("cids", "ctx", "deadline", "declined", "expired", "is_load", "keys",
+    __slots__ = ("cids", "ctx", "deadline", "expired", "is_load", "keys",
                  "landed", "lock", "notes", "offered", "outcomes", "receipt", "reported", "req_id",
-                 "stored_bytes", "submit_time", "summary")
+                 "stored_bytes", "submit_time", "summary", "unwritten")
 
     def __init__(
         self, ctx: TransferContext, job_id: int, *, is_load: bool, req_id: str,
@@ -181,7 +222,7 @@ class Job(PoolJob):
         batch: int,
     ) -> None:
         PoolJob.__init__(self, job_id, len(keys), batch)  # not super(): one object less
-        #: The blocks submitted (for a store, admitted or not): n_slots before narrowing.
+        #: The blocks submitted (for a store, kept or not): n_slots before narrowing.
         self.offered = self.n_slots
         self.ctx = ctx
         self.is_load = is_load
@@ -201,66 +242,45 @@ class Job(PoolJob):
         self.summary: Summary | None = None
         #: Stores: the presence index's receipt for its keys (settled once reported).
         self.receipt = None if is_load else new_receipt()
-        #: Stores: the keys the admission policy did not admit (set by start()).
-        self.declined: list[bytes] | tuple[()] = ()
+        #: Stores: the keys not to be written, neither stored nor failed (start()).
+        self.unwritten: list[bytes] | tuple[()] = ()
         #: Loads with an observer: what it noted of each batch, handed to it at finish.
         self.notes: list[Any] | tuple[()] = ()
 
     def start(self, runs: bool) -> None:
-        """For a store job that will run, ask the admission policy which blocks
-        to write and narrow the job to them (a job started only to be
-        cancelled, at drain or shutdown, asks nothing: every block of it is
-        cancelled); then make the per-slot lists."""
-        if runs and not self.is_load and self.ctx.admit is not None:
-            self._admit()
+        """For a store job that will run, ask the store filter which blocks to
+        write and narrow the job to them (a job started only to be cancelled,
+        at drain or shutdown, asks nothing: every block of it is cancelled);
+        then make the per-slot lists."""
+        if runs and not self.is_load and self.ctx.store_filter is not None:
+            self._keep()
         n = self.n_slots
         self.stored_bytes = [0] * n
         self.outcomes = [None] * n
         if self.is_load and self.ctx.observer is not None:
             self.notes = []
 
-    def _admit(self) -> None:
-        """Ask the admission policy, once; keep only the keys it admits.
-
-        Under the pool's lock (see :meth:`PoolJob.start`), so the policy is
-        called by one thread at a time. Best effort: a policy that fails, or
-        answers an index out of range, admits the whole job (it is logged,
-        rate-limited), never takes the I/O thread down.
-        """
+    def _keep(self) -> None:
+        """Narrow the job to the keys its store filter keeps (under the pool's lock,
+        see :meth:`PoolJob.start`)."""
         keys = self.keys if type(self.keys) is list else list(self.keys)
-        n = len(keys)
-        try:
-            admitted = self.ctx.admit(keys)  # type: ignore[misc]
-            if admitted is None:
-                return
-            chosen = [False] * n
-            for i in admitted:
-                if not 0 <= i < n:
-                    raise IndexError(f"admitted index {i} of a job of {n} blocks")
-                chosen[i] = True
-        except Exception as exc:
-            self.ctx.warn.warning("admission", "kvstore tier %s: store admission failed; "
-                                  "writing the job's blocks: %r", self.ctx.label, exc)
+        kept = self.ctx.store_filter.keep(keys)  # type: ignore[union-attr]
+        if kept is None:
             return
+        chosen = [False] * len(keys)
+        for i in kept:
+            chosen[i] = True
         if all(chosen):
             return
-        self.declined = [k for k, c in zip(keys, chosen, strict=True) if not c]
+        self.unwritten = [k for k, c in zip(keys, chosen, strict=True) if not c]
         self.keys = [k for k, c in zip(keys, chosen, strict=True) if c]
         self.cids = [r for r, c in zip(self.cids, chosen, strict=True) if c]
         self.narrow(len(self.keys))
 
     def run(self, codec: FrameCodec, start: int, stop: int) -> None:
-        if start == stop:  # a store job the policy admitted none of
+        if start == stop:  # a store job its filter kept none of
             return
         run_slots(self, codec, start, stop)
-        if start == 0 and self.is_load and self.ctx.load_sightings is not None:
-            # After the batch's reads, which the request waits for. Best
-            # effort: a sighting not counted only delays an admission.
-            try:
-                self.ctx.load_sightings(list(self.keys))
-            except Exception as exc:
-                self.ctx.warn.warning("sightings", "kvstore tier %s: counting a load's "
-                                      "admission sightings failed: %r", self.ctx.label, exc)
 
     def cancel(self, start: int, stop: int) -> None:
         err = Cancelled("cancelled before it started (drain or shutdown)")
@@ -275,10 +295,10 @@ class Job(PoolJob):
         """
         ctx = self.ctx
         s = Summary.of(self.keys, self.outcomes, self.stored_bytes,  # type: ignore[arg-type]
-                       self.is_load, self.declined)
+                       self.is_load, self.unwritten)
         s.job_id, s.submit_time = self.job_id, self.submit_time
         if not self.is_load:
-            # Only the blocks admitted moved. None: bytes and time 0, which
+            # Only the blocks kept moved. None: bytes and time 0, which
             # vLLM's backpressure detector ignores rather than counting as a
             # store that took no time.
             moved = self.n_slots
@@ -328,7 +348,7 @@ class Job(PoolJob):
         except Exception:  # finish broke: the slots' outcomes are unknown
             ledger.store_bytes_in_flight -= self.pinned_bytes
             return ledger.failed(self.job_id, self.is_load, self.req_id, list(self.keys),
-                                 self.declined, self.receipt)
+                                 self.unwritten, self.receipt)
         if self.is_load:
             return ledger.loaded(s, self.req_id)
         return ledger.stored(s, self.receipt, self.pinned_bytes)

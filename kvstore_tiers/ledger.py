@@ -33,7 +33,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 from typing import Any
 
 from vllm.v1.kv_offload.base import Locality, Medium, OffloadingEvent
@@ -42,7 +42,7 @@ from vllm.v1.kv_offload.tiering.base import JobResult
 from kvstore_tiers.backpressure import BreakerCountedDetector
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.health import BreakerState, CircuitBreaker
-from kvstore_tiers.metrics import TierCounters, TierMetrics
+from kvstore_tiers.metrics import TierMetrics
 from kvstore_tiers.outcome import Summary
 from kvstore_tiers.presence import PresenceIndex, settle
 from kvstore_tiers.ratelimit import RateLimitedLogger
@@ -78,10 +78,6 @@ class Ledger:
         self._evicted_in_flight: set[bytes] = set()
         #: Load jobs reported failed at their deadline while an I/O thread still ran.
         self.load_timeouts = 0
-        #: The admission policy's ``report`` (None: ``admission: always``): it
-        #: puts the policy's own counts into the counters when a job it
-        #: declined blocks of is reported.
-        self.report_admission: Callable[[TierCounters], None] | None = None
         #: Warnings of the scheduler thread (``log``: the tier's SchedulerLogger).
         self.warn = RateLimitedLogger(log, interval_s=30.0)
         self._log = log
@@ -199,7 +195,7 @@ class Ledger:
             return s.result  # type: ignore[return-value]
         except Exception:
             self._broke(s)
-            return self.failed(s.job_id, False, "", [*s.ok, *s.bad], s.skipped, receipt)
+            return self.failed(s.job_id, False, "", [*s.ok, *s.bad], s.unwritten, receipt)
 
     def loaded(self, s: Summary, req_id: str) -> JobResult:
         """Apply a finished load's summary for request ``req_id``; vLLM's
@@ -216,7 +212,7 @@ class Ledger:
         """What every finished job records: the breaker's keys and its latency;
         how many keys the backend answered."""
         assert s.result is not None
-        # A job the policy admitted none of records (0, 0): it proves nothing,
+        # A job that offered the backend nothing records (0, 0): it proves nothing,
         # and a half-open circuit probes again with the next job.
         answered = len(s.ok) + s.missing + s.corrupt
         self.breaker.record_keys(answered, s.transient)
@@ -230,21 +226,19 @@ class Ledger:
                             self.label, s.job_id)
 
     def failed(self, job_id: int, is_load: bool, req_id: str, keys: list[bytes],
-               declined: list[bytes] | tuple[()], receipt: Any) -> JobResult:
+               unwritten: list[bytes] | tuple[()], receipt: Any) -> JobResult:
         """Report a job failed as a whole (its outcomes are unknown, or applying
         them broke): a load's ``keys`` of ``req_id`` as failed loads, a store's
-        as failed stores that leave the presence index (``declined``: those not
+        as failed stores that leave the presence index (``unwritten``: those not
         offered to the backend)."""
         if is_load:
             self.fail_loads(req_id, keys)
         else:
-            # Blocks the policy did not admit were never to be written.
+            # Blocks not offered to the backend are no failed stores.
             self.counters.store_failures += len(keys)
-            for part in (keys, declined):
+            for part in (keys, unwritten):
                 self.presence.discard_receipt(part, receipt)
                 self._evicted_in_flight.difference_update(part)  # no stored event follows
-            if declined and self.report_admission is not None:
-                self.report_admission(self.counters)
             self._failed_store(True)
         return JobResult(job_id=job_id, success=False)
 
@@ -272,17 +266,15 @@ class Ledger:
 
     def _apply_store(self, s: Summary, receipt: Any) -> None:
         # No per-key work for stored keys: their receipt makes all of them
-        # stored; failed and not admitted ones are forgotten.
+        # stored; failed and unwritten ones are forgotten.
         settle(receipt)
         c = self.counters
         c.objects_skipped += s.existed
         c.objects_stored += s.written
         c.raw_bytes_written += s.written * self.row_bytes
         c.stored_bytes_written += s.frame_bytes
-        if s.skipped:
-            self.presence.discard_receipt(s.skipped, receipt)
-            if self.report_admission is not None:
-                self.report_admission(c)
+        if s.unwritten:
+            self.presence.discard_receipt(s.unwritten, receipt)
         if self.verdicts:
             self._end_verdicts(s.ok)
         if s.bad:
@@ -309,7 +301,7 @@ class Ledger:
                 s.event = None
         gone.difference_update(s.ok)
         gone.difference_update(s.bad)
-        gone.difference_update(s.skipped)
+        gone.difference_update(s.unwritten)
 
     def _apply_load(self, s: Summary, req_id: str) -> None:
         # Loaded keys are in the presence index already: stored by this

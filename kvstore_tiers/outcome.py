@@ -25,8 +25,9 @@ class Summary:
 
     ok: list[bytes]  # stored (written or already there) / loaded
     bad: list[bytes]  # failed (cancelled ones included)
-    #: Stores: not admitted (neither stored nor failed); empty: every block was offered.
-    skipped: list[bytes] | tuple[()] = ()
+    #: Stores: not written, neither stored nor failed (a store filter's choice, a
+    #: read-through row reused); empty: every block was offered to the backend.
+    unwritten: list[bytes] | tuple[()] = ()
     written: int = 0  # stores that wrote an object
     existed: int = 0  # stores that found the object already there
     frame_bytes: int = 0  # frame bytes written (new objects) or read (loaded)
@@ -48,18 +49,18 @@ class Summary:
 
     @classmethod
     def of(cls, keys: list[bytes], outcomes: list[Any], stored_bytes: list[int],
-           is_load: bool, declined: list[bytes] | tuple[()] = ()) -> Summary:
+           is_load: bool, unwritten: list[bytes] | tuple[()] = ()) -> Summary:
         """Condense slot ``s``'s block ``keys[s]``, its outcome (``None`` loaded,
         ``True``/``False`` stored/existed, or the error) and frame bytes moved;
-        ``declined``: a store's blocks not offered to the backend."""
+        ``unwritten``: a store's blocks not offered to the backend."""
         n = len(keys)
         # The common case in C (this runs holding the GIL the scheduler wants).
         # ``ok`` is the job's own key list (never mutated): no copy.
         if is_load and outcomes.count(None) == n:
             return cls(keys, [], frame_bytes=sum(stored_bytes))
         if not is_load and outcomes.count(True) == n:
-            return cls(keys, [], declined, written=n, frame_bytes=sum(stored_bytes))
-        s = cls([], [], declined, cancelled_keys=[] if is_load else ())
+            return cls(keys, [], unwritten, written=n, frame_bytes=sum(stored_bytes))
+        s = cls([], [], unwritten, cancelled_keys=[] if is_load else ())
         for key, res, nbytes in zip(keys, outcomes, stored_bytes, strict=True):
             if not isinstance(res, BaseException):
                 s.ok.append(key)

@@ -24,7 +24,7 @@ time the block falls out of its CPU tier. A tier configured with
    offered (by then vLLM has been told of the load, so the write does not
    compete with the load's last step), without the keys its presence index
    holds already. So the write is the tier's own: its frame, codec and
-   checksum, its admission policy, its capacity control, its presence index
+   checksum, its store filter, its capacity control, its presence index
    (the keys answer HIT once written) and its counters
    (``read_through_stored``). vLLM never hears of a fill.
 3. vLLM owns the primary rows: once it has the load it may reuse a row for
@@ -220,7 +220,7 @@ class FillJob(Job):
 
     Slot ``s`` is the block at position ``cids[s]`` of the fill: primary row
     ``rows_of[cids[s]]``, noted with ``marks[cids[s]]`` (positions survive the
-    narrowing of :meth:`keep` and of admission)."""
+    narrowing of :meth:`keep` and of the tier's store filter)."""
 
     __slots__ = ("generation", "intake", "marks", "primary", "reused", "rows_of")
 
@@ -268,7 +268,7 @@ class FillJob(Job):
         if self.reused:  # neither stored nor failed: they leave the presence index
             gone = set(self.reused)
             kept = [s for s in range(len(self.keys)) if s not in gone]
-            self.declined = [*self.declined, *(self.keys[s] for s in sorted(gone))]
+            self.unwritten = [*self.unwritten, *(self.keys[s] for s in sorted(gone))]
             self.keys = [self.keys[s] for s in kept]
             self.outcomes = [self.outcomes[s] for s in kept]
             self.stored_bytes = [self.stored_bytes[s] for s in kept]
@@ -308,14 +308,6 @@ def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
             presence.discard_receipt(keys, job.receipt)
             intake.settled(job, len(keys))
     intake.ripe = len(offers)
-
-
-def drained(*intakes: Intake | None) -> None:
-    """A tier drained: its own intake and the one of the tier caching it drop
-    what was loaded so far (:meth:`Intake.drain`)."""
-    for intake in intakes:
-        if intake is not None:
-            intake.drain()
 
 
 def check_one_caching_tier(configs: list[Any], label: str) -> None:

@@ -49,12 +49,20 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from kvstore_tiers import assembly, compat, loadtrace, readthrough
+from kvstore_tiers.admission import AdmissionLayer
 from kvstore_tiers.backends.base import Backend
 from kvstore_tiers.codecs import resolve_compression
 from kvstore_tiers.config import TierConfig, validate_config, warn_inline_secrets
 from kvstore_tiers.existence import ExistenceCheck
 from kvstore_tiers.health import BreakerState
-from kvstore_tiers.job import Job, LoadObserver, PrimaryRows, TouchJob, TransferContext
+from kvstore_tiers.job import (
+    Job,
+    LoadObserver,
+    PrimaryRows,
+    TouchJob,
+    TransferContext,
+    observe_both,
+)
 from kvstore_tiers.ledger import Ledger
 from kvstore_tiers.log import SchedulerLogger, attach_to_vllm_logging
 from kvstore_tiers.metrics import metric_definitions
@@ -129,11 +137,13 @@ class KVStoreTier(SecondaryTierManager):
         self._failed, self._warn = ledger.verdicts, ledger.warn
         evictions = self.backend.evictions
         self._evicted_keys = evictions.keys if evictions is not None else ()
-        #: The store admission policy (None: ``admission: always``, no call at all).
+        #: The store admission policy (None: ``admission: always``, no call at all),
+        #: composed around the store path as a layer (a store filter and a load
+        #: observer), off the scheduler thread.
         policy = self.admission = assembly.admission_policy(config, self.backend,
                                                             ledger.counters, self._block_size_bytes)
-        if policy is not None:
-            ledger.report_admission = policy.report
+        admission = None if policy is None else AdmissionLayer(
+            policy, ledger.counters, RateLimitedLogger(logger, interval_s=30.0), tier_type)
         #: Loads with a deadline, until reported (settled jobs leave at the next poll).
         self._deadlined: dict[int, Job] = {}
         self._ready: deque[JobResult] = deque()  # refused at submit, reported next poll
@@ -142,8 +152,7 @@ class KVStoreTier(SecondaryTierManager):
         self._ctx = TransferContext(
             self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
             self.locality, ledger.events is not None, RateLimitedLogger(logger, interval_s=30.0),
-            None if policy is None else policy.seen, None if policy is None else policy.admit,
-            trace=self.load_trace)
+            store_filter=admission, observer=admission, trace=self.load_trace)
         self.pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
                                          tuning.header_align, cipher)
         self._lookup = ExistenceCheck(self._ctx)
@@ -274,7 +283,11 @@ class KVStoreTier(SecondaryTierManager):
         try:
             self.pool.cancel_queued()
             self.pool.wait_idle()
-            readthrough.drained(self.intake, self._ctx.observer)  # vLLM frees the rows loaded
+            # vLLM frees the rows loaded: what this tier's loads and the loads
+            # of the tiers it caches put there is dropped.
+            self.intake.drain()
+            if self._ctx.observer is not None:
+                self._ctx.observer.drain()
         except Exception:
             self._log.exception("kvstore tier %s: drain_jobs failed", self.tier_type)
 
@@ -312,7 +325,8 @@ class KVStoreTier(SecondaryTierManager):
         ``observer`` (wired by the caching tier of read-through,
         :func:`kvstore_tiers.readthrough.subscribe`). Scheduler thread; jobs
         already queued keep the context they were built with."""
-        self._ctx = dataclasses.replace(self._ctx, observer=observer)
+        self._ctx = dataclasses.replace(self._ctx,
+                                        observer=observe_both(self._ctx.observer, observer))
 
     # ------------------------------------------------------------- inspection
     counters = property(lambda self: self.metrics.counters, doc="Cumulative counters.")
@@ -366,8 +380,8 @@ class KVStoreTier(SecondaryTierManager):
             keys, cids = self.presence.absent(keys, cids)
             self.metrics.counters.objects_skipped += len(tj.keys) - len(keys)
         # Store admission is not decided here: the I/O thread that starts the
-        # job asks the policy (Job.start), and a load's blocks are counted as
-        # sightings by the I/O thread that runs it (Job.run).
+        # job asks its store filter (Job.start), and a load's blocks are counted
+        # as sightings by its load observer, on the I/O thread that ran them.
         if not keys:
             self._answered_without_backend(tj.job_id)
             return

@@ -127,3 +127,32 @@ def test_the_scheduler_side_knows_outcomes_not_job_classes() -> None:
     edges = graph()
     for module in ("kvstore_tiers.ledger", "kvstore_tiers.outcome"):
         assert not edges[module] & {"kvstore_tiers.job", "kvstore_tiers.readthrough"}, module
+
+
+def _identifiers(module: str) -> set[str]:
+    """Every name a module's code uses or defines (not its comments or docstrings)."""
+    path = _modules(ROOT)[module]
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.alias):
+            names.add(node.asname or node.name)
+    return names
+
+
+@pytest.mark.parametrize("layer", ["admi", "read_through", "readthrough", "intake", "fill"])
+def test_the_transfer_core_knows_no_layer_composed_around_it(layer: str) -> None:
+    """Admission and read-through are layers the tier composes around the store
+    and load paths (a store filter, a load observer): the job, the pool, the
+    summary and the ledger name neither."""
+    for module in ("kvstore_tiers.job", "kvstore_tiers.pool", "kvstore_tiers.outcome",
+                   "kvstore_tiers.ledger"):
+        named = sorted(n for n in _identifiers(module) if layer in n.lower())
+        assert not named, f"{module} names {named}"
