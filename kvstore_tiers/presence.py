@@ -22,19 +22,19 @@ Why receipts: a store job puts its keys here once, at submit, all pointing
 at one receipt; when it completes, settling the receipt makes all of
 them stored at once. Completing a job therefore costs the scheduler thread
 nothing per key (the keys' hash slots, cold in cache by then, are only
-touched again for a failed key or one the admission policy did not write),
+touched again for a failed key or one its job did not write),
 where a set of in-flight keys plus an insert per stored key cost it ~35 us
 per 16-key job here.
 
-Keys enter the FIFO at submit, while they are warm in cache, also those the
-admission policy will not write: such a key leaves the dict when its job
+Keys enter the FIFO at submit, while they are warm in cache, also those a
+store filter will not write: such a key leaves the dict when its job
 completes and its FIFO entry waits for its turn, so a tier that skips a
 share of what it is offered remembers about that share fewer stored keys
 than ``capacity``. Adding keys to the FIFO at completion instead (only the
 written ones) touched every key object there, cold by then, or kept a
 container per job that the cyclic GC must walk: either cost every tier
-(``admission: always`` too) more in ``get_finished_jobs`` than the
-dilution costs a gated one (measured at 26dbc0f; the A/B is in git's
+(one that filters nothing too) more in ``get_finished_jobs`` than the
+dilution costs a filtering one (measured at 26dbc0f; the A/B is in git's
 history of docs/benchmarks.md).
 
 It is a ``dict`` subclass so that ``key in index``, :meth:`update` and
@@ -144,7 +144,7 @@ class PresenceIndex(dict[bytes, StoreReceipt | None]):
 
     def discard_receipt(self, keys: Iterable[bytes], receipt: StoreReceipt) -> None:
         """Forget those of ``keys`` that still point at ``receipt`` (their store
-        failed, or the admission policy did not write them)."""
+        failed, or their job did not write them)."""
         for key in keys:
             if self.get(key) is receipt:
                 del self[key]
