@@ -130,14 +130,21 @@ from kvstore_tiers.cli._common import require_extra
               "manager and its own fs tier of --capacity % of the working set, default 10) "
               "sharing one remote, --tier redis or s3 (default both); writes fleet.json "
               "(docs/write-economics.md#a-fleet-sharing-one-remote).")
-@click.option("--routing", "routings", type=click.Choice(["round-robin", "affinity"]),
-              multiple=True, help="--nodes: how requests are dealt to the nodes "
-              "(repeatable; default both).")
+@click.option("--routing", "routings",
+              type=click.Choice(["round-robin", "affinity", "bounded", "cache-aware"]),
+              multiple=True, help="--nodes: how requests are dealt to the nodes (repeatable; "
+              "default all): affinity hashes the prefix, bounded does too but no node takes "
+              "more than --load-factor x the mean, cache-aware sends a request to the node "
+              "that holds most of its prefix unless the load is imbalanced "
+              "(docs/fleet.md#routing).")
 @click.option("--read-through", type=click.Choice(["off", "on", "both"]), default=None,
               help="--nodes: the fs tiers' read_through key (default both).")
 @click.option("--affinity-blocks", type=click.IntRange(1), default=None,
               help="--nodes: affinity routing hashes the prefix of this many blocks "
               "(default 2: every request of the conversation trace shares its first).")
+@click.option("--load-factor", type=click.FloatRange(1, min_open=True), default=None,
+              help="--nodes: bounded routing's bound on a node's requests, as a multiple of "
+              "the mean (default 1.25).")
 def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           total_mib: int | None, rounds: int | None, reload_rounds: int, directory: Path,
           samples_dir: Path | None, redis_url: str | None, s3_bucket: str | None,
@@ -148,8 +155,8 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           n_requests: int | None, primary_blocks: int | None, min_sightings: int,
           load_trace: bool, load_trace_file: Path | None, tier_keys: tuple[str, ...],
           nodes: int | None, routings: tuple[str, ...], read_through: str | None,
-          affinity_blocks: int | None, busy_scheduler: bool, scheduler_only: bool
-          ) -> None:
+          affinity_blocks: int | None, load_factor: float | None, busy_scheduler: bool,
+          scheduler_only: bool) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
@@ -226,8 +233,8 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
             given_tier = ctx.get_parameter_source("tiers") is click.core.ParameterSource.COMMANDLINE
             bench_trace.fleet(trace_path, nodes, bench_trace.remotes(tiers, given_tier),
                               routings, bench_trace.read_through_modes(read_through),
-                              affinity_blocks, capacities, n_requests, primary_blocks,
-                              chunk_kib[0] if chunk_kib else None, directory,
+                              affinity_blocks, load_factor, capacities, n_requests,
+                              primary_blocks, chunk_kib[0] if chunk_kib else None, directory,
                               _samples_dir(samples_dir), out_dir)
             return
         _trace(trace_path, tiers, policies, capacities, n_requests, primary_blocks,

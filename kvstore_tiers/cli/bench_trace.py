@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from typing import Any
 import click
 
 #: The options that only the fleet replay takes (their parameter names).
-FLEET_ONLY = ("routings", "read_through", "affinity_blocks")
+FLEET_ONLY = ("routings", "read_through", "affinity_blocks", "load_factor")
 #: The single-node replay's options that mean nothing to the fleet.
 NOT_FOR_FLEET = ("policies", "min_sightings", "tier_keys")
 READ_THROUGH = {"off": (False,), "on": (True,), "both": (False, True)}
@@ -78,7 +79,7 @@ def run_to_json(key: str, path: Path, out: Any,
 
 def fleet(trace_path: Path, nodes: int, remote_tiers: tuple[str, ...],
           routings: tuple[str, ...], read_through: tuple[bool, ...],
-          affinity_blocks: int | None, capacities: tuple[float, ...],
+          affinity_blocks: int | None, load_factor: float | None, capacities: tuple[float, ...],
           n_requests: int | None, primary_blocks: int | None, chunk_kib: int | None,
           directory: Path, samples_dir: Path | None, out_dir: Path) -> None:
     """Run the fleet replay; fleet.json in ``out_dir`` and the tables."""
@@ -93,8 +94,9 @@ def fleet(trace_path: Path, nodes: int, remote_tiers: tuple[str, ...],
         plan.routings = tuple(dict.fromkeys(routings))
     if capacities:
         plan.capacities = tuple(sorted(set(capacities)))
-    if affinity_blocks is not None:
-        plan.affinity_blocks = affinity_blocks
+    knobs = {"affinity_blocks": affinity_blocks, "load_factor": load_factor}
+    plan.knobs = dataclasses.replace(plan.knobs, **{k: v for k, v in knobs.items()
+                                                    if v is not None})
     if chunk_kib is not None:
         plan.chunk_kib = chunk_kib
     requests = load_requests(trace_path, n_requests)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvstore_tiers.tools.bench import fleet
+from kvstore_tiers.tools.bench import fleet, routing
 from kvstore_tiers.tools.bench.trace_file import TraceRequest, load
 from tests.servers import moto_server_bin
 from tests.tools.test_trace_bench import CONVERSATION, needs_trace
@@ -24,37 +24,39 @@ def _req(*ids: int) -> TraceRequest:
 
 # -- routing ---------------------------------------------------------------------------------
 def test_jump_hash_is_consistent_and_even() -> None:
-    keys = [fleet.affinity_key(_req(1, b), 2) for b in range(4000)]
+    keys = [routing.affinity_key(_req(1, b), 2) for b in range(4000)]
     for n in range(1, 9):
         for k in keys:
-            b = fleet.jump_hash(k, n)
+            b = routing.jump_hash(k, n)
             assert 0 <= b < n
             # One more node: a key stays, or moves to the new node, never elsewhere.
-            assert fleet.jump_hash(k, n + 1) in (b, n)
-    spread = Counter(fleet.jump_hash(k, 4) for k in keys)
+            assert routing.jump_hash(k, n + 1) in (b, n)
+    spread = Counter(routing.jump_hash(k, 4) for k in keys)
     assert min(spread.values()) > 0.8 * len(keys) / 4
 
 
 def test_round_robin_deals_in_turn_and_affinity_follows_the_prefix() -> None:
     reqs = [_req(0, 10 + i % 5, 100 + i) for i in range(40)] + [_req(0)]
-    assert fleet.route(reqs, 3, "round-robin") == [i % 3 for i in range(41)]
-    nodes = fleet.route(reqs, 4, "affinity", affinity_blocks=2)
+    assert routing.route(reqs, 3, "round-robin") == [i % 3 for i in range(41)]
+    nodes = routing.route(reqs, 4, "affinity", routing.RoutingKnobs(affinity_blocks=2))
     by_prefix: dict[int, set[int]] = {}
     for r, n in zip(reqs, nodes, strict=True):
         by_prefix.setdefault(r.hash_ids[1] if len(r.hash_ids) > 1 else -1, set()).add(n)
     assert all(len(v) == 1 for v in by_prefix.values())
     assert len(set(nodes)) > 1
     # One block: every request shares block 0, so all go to one node.
-    assert len(set(fleet.route(reqs, 4, "affinity", affinity_blocks=1))) == 1
+    one = routing.RoutingKnobs(affinity_blocks=1)
+    assert len(set(routing.route(reqs, 4, "affinity", one))) == 1
     with pytest.raises(ValueError, match="routing"):
-        fleet.route(reqs, 2, "random")
+        routing.route(reqs, 2, "random")
 
 
 @needs_trace
 def test_affinity_spreads_the_conversation_trace() -> None:
     reqs = load(CONVERSATION, limit=2000)
-    assert len(set(fleet.route(reqs, 4, "affinity", affinity_blocks=1))) == 1
-    spread = Counter(fleet.route(reqs, 4, "affinity"))
+    one = routing.RoutingKnobs(affinity_blocks=1)
+    assert len(set(routing.route(reqs, 4, "affinity", one))) == 1
+    spread = Counter(routing.route(reqs, 4, "affinity"))
     assert len(spread) == 4 and min(spread.values()) > len(reqs) / 8
 
 
