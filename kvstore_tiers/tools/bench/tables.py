@@ -417,3 +417,27 @@ def fleet_tables(fleet: dict[str, Any]) -> list[Any]:
 
 def _opt(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
+
+
+def cost_table(costs: list[tuple[str, dict[str, Any]]]) -> Any:
+    """``--cost``: per priced run, the requests per block stored and per block served
+    by kind, their USD, and USD per million prompt tokens."""
+    from rich.table import Column, Table
+
+    from kvstore_tiers.tools.bench.cost import KINDS
+
+    shown = [k for k in KINDS if any(c["requests"][k] for _, c in costs)] or ["PUT"]
+    t = Table(*(Column(c, justify="right") for c in (
+        "run", *(f"{k}s" for k in shown), *(f"{k} / block stored" for k in shown),
+        *(f"{k} / block served" for k in shown), "requests $", "$ / M prompt tokens",
+        "$ / M tokens served", "storage $ / month")),
+        title=f"s3 requests and what they cost ({costs[0][1]['prices']['source']})")
+    for label, c in costs:
+        t.add_row(label, *(f"{c['requests'][k]:,}" for k in shown),
+                  *(_opt(c["per_block_stored"][k], ".3f") for k in shown),
+                  *(_opt(c["per_block_served"][k], ".3f") for k in shown),
+                  f"{c['dollars']['total']:.4f}",
+                  _opt(c["dollars_per_million_prompt_tokens"], ".4f"),
+                  _opt(c["dollars_per_million_tokens_served"], ".4f"),
+                  f"{c['storage_dollars_per_month']['measured']:.6f}")
+    return t
