@@ -159,3 +159,43 @@ def test_trace_rows_on_s3_are_priced() -> None:
     assert label == "s3, always" and s3["cost"] is c
     assert c["dollars"]["total"] == pytest.approx(10 * 0.005e-3 + 10 * 0.0004e-3)
     assert c["per_block_served"]["PUT"] is None  # nothing served
+
+
+# -- the bench's moto server -----------------------------------------------------------------
+#: A stand-in for moto_server that answers every GET and ignores SIGTERM, as a moto
+#: still winding down its connections after a long replay does.
+STUBBORN = '''
+import http.server, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers(); self.wfile.write(b"{}")
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[sys.argv.index("-p") + 1])), H).serve_forever()
+'''
+
+
+def test_a_server_that_will_not_stop_is_killed_not_raised(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    import subprocess
+    import sys
+
+    from kvstore_tiers.tools.bench import s3_bench
+
+    exe = tmp_path / "moto_server"
+    exe.write_text(f"#!{sys.executable}\n{STUBBORN}")
+    exe.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    started: list[subprocess.Popen[bytes]] = []
+    real_popen = subprocess.Popen
+
+    def popen(*args: Any, **kw: Any) -> subprocess.Popen[bytes]:
+        started.append(real_popen(*args, **kw))
+        return started[-1]
+
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    with s3_bench.moto_server(stop_grace_s=0.5) as url:
+        assert url.startswith("http://127.0.0.1:")
+    (proc,) = started
+    assert proc.returncode is not None  # killed and reaped
