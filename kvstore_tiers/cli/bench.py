@@ -130,14 +130,35 @@ from kvstore_tiers.cli._common import require_extra
               "manager and its own fs tier of --capacity % of the working set, default 10) "
               "sharing one remote, --tier redis or s3 (default both); writes fleet.json "
               "(docs/write-economics.md#a-fleet-sharing-one-remote).")
-@click.option("--routing", "routings", type=click.Choice(["round-robin", "affinity"]),
-              multiple=True, help="--nodes: how requests are dealt to the nodes "
-              "(repeatable; default both).")
+@click.option("--routing", "routings",
+              type=click.Choice(["round-robin", "affinity", "bounded", "cache-aware"]),
+              multiple=True, help="--nodes: how requests are dealt to the nodes (repeatable; "
+              "default all): affinity hashes the prefix, bounded does too but no node takes "
+              "more than --load-factor x the mean, cache-aware sends a request to the node "
+              "that holds most of its prefix unless the load is imbalanced "
+              "(docs/fleet.md#routing).")
 @click.option("--read-through", type=click.Choice(["off", "on", "both"]), default=None,
               help="--nodes: the fs tiers' read_through key (default both).")
 @click.option("--affinity-blocks", type=click.IntRange(1), default=None,
               help="--nodes: affinity routing hashes the prefix of this many blocks "
               "(default 2: every request of the conversation trace shares its first).")
+@click.option("--load-factor", type=click.FloatRange(1, min_open=True), default=None,
+              help="--nodes: bounded routing's bound on a node's requests, as a multiple of "
+              "the mean (default 1.25).")
+@click.option("--cost", is_flag=True,
+              help="--trace with --tier s3 (or --nodes with s3): the requests the s3 tier sent "
+              "(PUT, GET, HEAD, LIST, DELETE) per block stored and served, priced with the "
+              "--price-* options; prints what a million prompt tokens cost in requests "
+              "(docs/s3.md#what-a-block-costs).")
+@click.option("--price-put", type=click.FloatRange(0), default=None, metavar="USD",
+              help="--cost: per 1,000 PUT, COPY, POST or LIST requests (default 0.005, AWS "
+              "S3 Standard us-east-1 list price).")
+@click.option("--price-get", type=click.FloatRange(0), default=None, metavar="USD",
+              help="--cost: per 1,000 GET, HEAD and other requests (default 0.0004).")
+@click.option("--price-delete", type=click.FloatRange(0), default=None, metavar="USD",
+              help="--cost: per 1,000 DELETE requests (default 0: free on AWS).")
+@click.option("--price-gb-month", type=click.FloatRange(0), default=None, metavar="USD",
+              help="--cost: per GB stored for a month (default 0.023).")
 def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           total_mib: int | None, rounds: int | None, reload_rounds: int, directory: Path,
           samples_dir: Path | None, redis_url: str | None, s3_bucket: str | None,
@@ -148,8 +169,9 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           n_requests: int | None, primary_blocks: int | None, min_sightings: int,
           load_trace: bool, load_trace_file: Path | None, tier_keys: tuple[str, ...],
           nodes: int | None, routings: tuple[str, ...], read_through: str | None,
-          affinity_blocks: int | None, busy_scheduler: bool, scheduler_only: bool
-          ) -> None:
+          affinity_blocks: int | None, load_factor: float | None, busy_scheduler: bool,
+          scheduler_only: bool, cost: bool, price_put: float | None, price_get: float | None,
+          price_delete: float | None, price_gb_month: float | None) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
@@ -204,7 +226,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         raise click.UsageError("--scheduler-only does not apply to --trace, --engine or "
                                "--backpressure")
     trace_only = ("policies", "capacities", "n_requests", "primary_blocks", "min_sightings",
-                  "tier_keys", "nodes", *bench_trace.FLEET_ONLY)
+                  "tier_keys", "nodes", "cost", *bench_trace.FLEET_ONLY, *bench_trace.PRICES)
     given = [n for n in trace_only
              if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
     if trace_path is not None:
@@ -222,17 +244,19 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         if given:
             raise click.UsageError(f"{_flags(given)} "
                                    f"{'do not apply to' if nodes else 'only apply to'} --nodes")
+        given_tier = ctx.get_parameter_source("tiers") is click.core.ParameterSource.COMMANDLINE
+        prices = bench_trace.prices(cost, ctx, bench_trace.remotes(tiers, given_tier)
+                                    if nodes else tiers)
         if nodes:
-            given_tier = ctx.get_parameter_source("tiers") is click.core.ParameterSource.COMMANDLINE
             bench_trace.fleet(trace_path, nodes, bench_trace.remotes(tiers, given_tier),
                               routings, bench_trace.read_through_modes(read_through),
-                              affinity_blocks, capacities, n_requests, primary_blocks,
-                              chunk_kib[0] if chunk_kib else None, directory,
-                              _samples_dir(samples_dir), out_dir)
+                              affinity_blocks, load_factor, capacities, n_requests,
+                              primary_blocks, chunk_kib[0] if chunk_kib else None, directory,
+                              _samples_dir(samples_dir), out_dir, prices)
             return
         _trace(trace_path, tiers, policies, capacities, n_requests, primary_blocks,
                min_sightings, chunk_kib, directory, samples_dir, out_dir, no_plots,
-               _tier_keys(tier_keys, tiers))
+               _tier_keys(tier_keys, tiers), prices)
         return
     if given:
         raise click.UsageError(f"{_flags(given)} only apply to --trace")
@@ -369,7 +393,7 @@ def _trace(trace_path: Path, tiers: tuple[str, ...], policies: tuple[str, ...],
            capacities: tuple[float, ...], n_requests: int | None, primary_blocks: int | None,
            min_sightings: int, chunk_kib: tuple[int, ...], directory: Path,
            samples_dir: Path | None, out_dir: Path, no_plots: bool,
-           tier_keys: dict[str, Any]) -> None:
+           tier_keys: dict[str, Any], prices: Any = None) -> None:
     """``--trace``: the write-economics replay; trace.json, the table and the plot."""
     from kvstore_tiers.tools.bench import trace
     from kvstore_tiers.tools.bench.runner import write_json
@@ -391,6 +415,8 @@ def _trace(trace_path: Path, tiers: tuple[str, ...], policies: tuple[str, ...],
                                      lambda progress, partial: trace.run(
                                          plan, requests, progress, partial))
     console.print(trace_table(result["trace"]))
+    if prices is not None:
+        bench_trace.print_costs(console, bench_trace.add_trace_costs(result["trace"], prices))
     console.print(f"result: {write_json(result, out_dir / 'trace.json')}")
     if not no_plots:
         from kvstore_tiers.tools.bench.plots import plot_trace

@@ -5,6 +5,7 @@ whose accounting must add up."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from kvstore_tiers.tools.bench import fleet
+from kvstore_tiers.tools.bench import fleet, routing
 from kvstore_tiers.tools.bench.trace_file import TraceRequest, load
 from tests.servers import moto_server_bin
 from tests.tools.test_trace_bench import CONVERSATION, needs_trace
@@ -24,38 +25,129 @@ def _req(*ids: int) -> TraceRequest:
 
 # -- routing ---------------------------------------------------------------------------------
 def test_jump_hash_is_consistent_and_even() -> None:
-    keys = [fleet.affinity_key(_req(1, b), 2) for b in range(4000)]
+    keys = [routing.affinity_key(_req(1, b), 2) for b in range(4000)]
     for n in range(1, 9):
         for k in keys:
-            b = fleet.jump_hash(k, n)
+            b = routing.jump_hash(k, n)
             assert 0 <= b < n
             # One more node: a key stays, or moves to the new node, never elsewhere.
-            assert fleet.jump_hash(k, n + 1) in (b, n)
-    spread = Counter(fleet.jump_hash(k, 4) for k in keys)
+            assert routing.jump_hash(k, n + 1) in (b, n)
+    spread = Counter(routing.jump_hash(k, 4) for k in keys)
     assert min(spread.values()) > 0.8 * len(keys) / 4
 
 
 def test_round_robin_deals_in_turn_and_affinity_follows_the_prefix() -> None:
     reqs = [_req(0, 10 + i % 5, 100 + i) for i in range(40)] + [_req(0)]
-    assert fleet.route(reqs, 3, "round-robin") == [i % 3 for i in range(41)]
-    nodes = fleet.route(reqs, 4, "affinity", affinity_blocks=2)
+    assert routing.route(reqs, 3, "round-robin") == [i % 3 for i in range(41)]
+    nodes = routing.route(reqs, 4, "affinity", routing.RoutingKnobs(affinity_blocks=2))
     by_prefix: dict[int, set[int]] = {}
     for r, n in zip(reqs, nodes, strict=True):
         by_prefix.setdefault(r.hash_ids[1] if len(r.hash_ids) > 1 else -1, set()).add(n)
     assert all(len(v) == 1 for v in by_prefix.values())
     assert len(set(nodes)) > 1
     # One block: every request shares block 0, so all go to one node.
-    assert len(set(fleet.route(reqs, 4, "affinity", affinity_blocks=1))) == 1
+    one = routing.RoutingKnobs(affinity_blocks=1)
+    assert len(set(routing.route(reqs, 4, "affinity", one))) == 1
     with pytest.raises(ValueError, match="routing"):
-        fleet.route(reqs, 2, "random")
+        routing.route(reqs, 2, "random")
 
 
 @needs_trace
 def test_affinity_spreads_the_conversation_trace() -> None:
     reqs = load(CONVERSATION, limit=2000)
-    assert len(set(fleet.route(reqs, 4, "affinity", affinity_blocks=1))) == 1
-    spread = Counter(fleet.route(reqs, 4, "affinity"))
+    one = routing.RoutingKnobs(affinity_blocks=1)
+    assert len(set(routing.route(reqs, 4, "affinity", one))) == 1
+    spread = Counter(routing.route(reqs, 4, "affinity"))
     assert len(spread) == 4 and min(spread.values()) > len(reqs) / 8
+
+
+def _conversations(n: int, hot: float, turns: int = 4) -> list[TraceRequest]:
+    """``n`` requests of conversations of ``turns`` turns, each turn the last one's
+    blocks plus one; a share ``hot`` of the conversations starts with the same two
+    blocks (a long shared system prompt), the others with their own."""
+    out = []
+    convs = n // turns
+    for c in range(convs):
+        head = (1, 2) if c < hot * convs else (1000 + c, 2000 + c)
+        for t in range(turns):
+            out.append(_req(*head, *(10_000 * (c + 1) + i for i in range(t + 1))))
+    # Interleave the conversations as arrivals do: turn t of every conversation
+    # before turn t + 1 of any.
+    return sorted(out, key=lambda r: len(r.hash_ids))
+
+
+def _max_over_mean(nodes: list[int], n: int) -> float:
+    return routing.balance(nodes, n)["max_over_mean"]
+
+
+def test_balance_counts_requests_per_node() -> None:
+    assert routing.balance([0, 0, 1, 3], 4) == {"requests_per_node": [2, 1, 0, 1],
+                                                "max_over_mean": 2.0}
+
+
+def test_probe_sequence_starts_at_the_affinity_node_and_visits_each_node_once() -> None:
+    for key in range(500):
+        for n in (2, 4, 7):
+            seq = routing.probe_sequence(key * 7919, n)
+            assert seq[0] == routing.jump_hash(key * 7919, n)
+            assert sorted(seq) == list(range(n))
+
+
+def test_bounded_loads_hold_at_every_request_and_the_prefixes_that_fit_stay() -> None:
+    reqs = _conversations(400, hot=0.6)
+    aff = routing.route(reqs, 4, "affinity")
+    assert _max_over_mean(aff, 4) > 2  # the shared prefix sends 60 % to one node
+    knobs = routing.RoutingKnobs(load_factor=1.25)
+    nodes = routing.route(reqs, 4, "bounded", knobs)
+    loads = [0] * 4
+    for dealt, n in enumerate(nodes):
+        loads[n] += 1
+        assert max(loads) <= math.ceil(1.25 * (dealt + 1) / 4)
+    assert _max_over_mean(nodes, 4) <= 1.25
+    # Locality: the prefixes that fit keep their affinity node; the hot one has most
+    # of its requests on its own and overflows along its probe sequence.
+    aff_of = dict(zip(map(id, reqs), aff, strict=True))
+    cold = [(aff_of[id(r)], n) for r, n in zip(reqs, nodes, strict=True)
+            if r.hash_ids[:2] != (1, 2)]
+    assert sum(a == n for a, n in cold) >= 0.9 * len(cold)
+    hot = Counter(n for r, n in zip(reqs, nodes, strict=True) if r.hash_ids[:2] == (1, 2))
+    assert hot.most_common(1)[0][0] == routing.jump_hash(routing.affinity_key(reqs[0], 2), 4)
+    # With room everywhere, bounded is affinity.
+    even = _conversations(400, hot=0.0)
+    loose = routing.RoutingKnobs(load_factor=4.0)
+    assert routing.route(even, 4, "bounded", loose) == routing.route(even, 4, "affinity")
+
+
+def test_cache_aware_follows_the_prefix_until_the_load_is_imbalanced() -> None:
+    # The shared system prompt is hashed into every key, so prefix hashing sends
+    # everything to one node; the cache-aware router matches whole prefixes.
+    reqs = _conversations(400, hot=1.0)
+    assert _max_over_mean(routing.route(reqs, 4, "affinity"), 4) == 4.0
+    knobs = routing.RoutingKnobs(balance_abs=8, balance_rel=1.2)
+    nodes = routing.route(reqs, 4, "cache-aware", knobs)
+    assert _max_over_mean(nodes, 4) <= 1.25
+    # Locality: every later turn of a conversation meets the node of its first turn
+    # (it holds all but the new block of the request).
+    first: dict[int, int] = {}
+    moved = 0
+    for r, n in zip(reqs, nodes, strict=True):
+        conv = r.hash_ids[2]
+        moved += first.setdefault(conv, n) != n
+    assert moved <= len(reqs) // 20
+    # Imbalance overrides the match: with a zero threshold every request goes to
+    # the least-loaded node, so the nodes take turns.
+    strict = routing.RoutingKnobs(balance_abs=0, balance_rel=1.0)
+    dealt = routing.route(reqs, 4, "cache-aware", strict)
+    assert routing.balance(dealt, 4)["requests_per_node"] == [100] * 4
+
+
+@needs_trace
+def test_new_routings_balance_the_conversation_trace_hashed_on_its_shared_block() -> None:
+    reqs = load(CONVERSATION, limit=2000)
+    one = routing.RoutingKnobs(affinity_blocks=1)
+    assert _max_over_mean(routing.route(reqs, 4, "affinity", one), 4) == 4.0
+    assert _max_over_mean(routing.route(reqs, 4, "bounded", one), 4) <= 1.25 + 4 / 2000
+    assert _max_over_mean(routing.route(reqs, 4, "cache-aware", one), 4) <= 1.25
 
 
 def test_targets_compare_read_through_and_routing() -> None:
@@ -188,7 +280,8 @@ def test_the_tables_show_every_run(fleet_result: dict[str, Any]) -> None:
     tables = fleet_tables(fleet_result)
     runs, per_node = tables[:2]
     assert (runs.row_count, per_node.row_count) == (4, 8)
-    assert len(tables) == 3 and tables[2].row_count == 2
+    assert len(tables) == 4 and tables[2].row_count == 2
+    assert tables[3].row_count == 4  # the routing table: one row per run
     console = Console(record=True, width=300)
     for table in tables:
         console.print(table)

@@ -23,17 +23,17 @@ together, and two nodes never race to compute the same new block (the
 duplicate writes counted here are those of blocks a node recomputes after a
 failed load or behind an earlier miss, not those of concurrent requests).
 
-**Routing** (``--routing``): ``round-robin`` deals request i to node
-``i mod N``; ``affinity`` hashes the request's prefix onto the nodes with
-jump consistent hash (Lamping and Veach, 2014: no ring to keep, an even
-spread, and only 1/(N+1) of the keys move when a node is added). The key
-is the vLLM block hash of the request's block at position
-``affinity_blocks - 1`` (its last block if shorter): by the traces' chain
-property that block names the whole prefix before it. One block is the
-textbook choice but useless here: every request of the Mooncake
-conversation trace starts with the same block (a shared system prompt), so
-it would send the whole trace to one node; two blocks (1,024 tokens) tell
-the conversations apart.
+**Routing** (``--routing``): :mod:`.routing` deals the requests (round-robin,
+prefix affinity by jump consistent hash, consistent hashing with bounded
+loads, a cache-aware router's balance threshold) before the run, from the
+trace alone. The key of the prefix routings is the vLLM block hash of the
+request's block at position ``affinity_blocks - 1`` (its last block if
+shorter): by the traces' chain property that block names the whole prefix
+before it. One block is the textbook choice but useless here: every request
+of the Mooncake conversation trace starts with the same block (a shared
+system prompt), so it would send the whole trace to one node; two blocks
+(1,024 tokens) tell the conversations apart. Each run reports its requests
+per node and their max/mean beside the remote GETs.
 
 **Read-through** (``--read-through``): "on" adds ``"read_through": true`` to
 each node's fs tier (it then also caches the blocks vLLM promotes from the
@@ -49,46 +49,17 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kvstore_tiers.tools.bench import trace, trace_reference
+from kvstore_tiers.tools.bench.routing import ROUTINGS, RoutingKnobs, balance, route
 from kvstore_tiers.tools.bench.trace_file import TraceRequest, distinct_blocks
 
-ROUTINGS = ("round-robin", "affinity")
 REMOTES = ("redis", "s3")
 #: Seconds a node may take to answer one message (a request, or building its manager).
 NODE_TIMEOUT_S = 900.0
-
-
-def jump_hash(key: int, buckets: int) -> int:
-    """Jump consistent hash (Lamping and Veach, 2014) of the 64-bit ``key`` onto
-    ``range(buckets)``: growing ``buckets`` by one moves a key only to the new bucket."""
-    key &= (1 << 64) - 1
-    b, j = -1, 0
-    while j < buckets:
-        b = j
-        key = (key * 2862933555777941757 + 1) & ((1 << 64) - 1)
-        j = int((b + 1) * ((1 << 31) / ((key >> 33) + 1)))
-    return b
-
-
-def affinity_key(req: TraceRequest, blocks: int) -> int:
-    """The routing key of ``req``: the first 8 bytes of the vLLM block hash of its
-    block at position ``blocks - 1`` (its last if it has fewer)."""
-    block = req.hash_ids[min(blocks, len(req.hash_ids)) - 1]
-    return int.from_bytes(trace.block_key(block)[:8], "little")
-
-
-def route(requests: Sequence[TraceRequest], nodes: int, routing: str,
-          affinity_blocks: int = 2) -> list[int]:
-    """The node of each request under ``routing`` (:data:`ROUTINGS`)."""
-    if routing == "round-robin":
-        return [i % nodes for i in range(len(requests))]
-    if routing == "affinity":
-        return [jump_hash(affinity_key(r, affinity_blocks), nodes) for r in requests]
-    raise ValueError(f"unknown routing {routing!r} (have {ROUTINGS})")
 
 
 @dataclass
@@ -101,7 +72,7 @@ class FleetPlan:
     routings: tuple[str, ...] = ROUTINGS
     read_through: tuple[bool, ...] = (False, True)
     capacities: tuple[float, ...] = (10.0,)
-    affinity_blocks: int = 2
+    knobs: RoutingKnobs = field(default_factory=RoutingKnobs)
     chunk_kib: int = 32
     primary_blocks: int | None = None
     directory: Path = Path(".bench-kvstore")
@@ -289,6 +260,28 @@ def targets(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def routing_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (remote, capacity, read-through, routing): the load (requests per node,
+    max/mean) beside the remote GETs, their cut against round-robin, and that cut as
+    a share of prefix affinity's (``of_affinity_cut``: 1.0, as much locality as
+    affinity; None without both baselines)."""
+    by = {(r["remote"], r["capacity_percent"], r["read_through"], r["routing"]): r
+          for r in rows}
+    out = []
+    for (remote, pct, rt, routing), r in by.items():
+        gets = r["remote_gets"]["objects"]
+        rr, aff = by.get((remote, pct, rt, "round-robin")), by.get((remote, pct, rt, "affinity"))
+        base = rr["remote_gets"]["objects"] if rr else None
+        cut = 1 - gets / base if base else None
+        aff_saved = base - aff["remote_gets"]["objects"] if base and aff else None
+        out.append({"remote": remote, "capacity_percent": pct, "read_through": rt,
+                    "routing": routing, "requests_per_node": r["requests_per_node"],
+                    "max_over_mean": r["max_over_mean"], "remote_gets": gets,
+                    "block_hit_rate": r["block_hit_rate"], "cut_vs_round_robin": cut,
+                    "of_affinity_cut": (base - gets) / aff_saved if aff_saved else None})
+    return out
+
+
 @dataclass
 class _Setup:
     """What every run of a fleet replay shares."""
@@ -319,11 +312,12 @@ class _Setup:
             {"tiers": [{**fs, "root_dir": str(root / f"node-{i}")}, remote_cfg],
              "chunk_bytes": self.chunk_bytes, "primary_blocks": self.primary_blocks,
              "samples_dir": samples} for i in range(n)])
-        assignment = route(self.requests, n, routing, self.plan.affinity_blocks)
+        assignment = route(self.requests, n, routing, self.plan.knobs)
         for req, i in zip(self.requests, assignment, strict=True):
             self.nodes.call(i, "request", (req.timestamp_ms, req.input_length,
                                            req.output_length, req.hash_ids))
-        return summarise(self.nodes.each("finish", [None] * n))
+        return {**summarise(self.nodes.each("finish", [None] * n)),
+                **balance(assignment, n)}
 
 
 def _runs(setup: _Setup, out: list[dict[str, Any]], distinct: int, base: Path,
@@ -360,7 +354,7 @@ def run(plan: FleetPlan, requests: Sequence[TraceRequest],
     out = trace._Rows(partial, {
         "trace": str(plan.trace), "requests": len(requests), "distinct_blocks": distinct,
         "blocks_requested": sum(len(r.hash_ids) for r in requests), "nodes": plan.nodes,
-        "affinity_blocks": plan.affinity_blocks, "chunk_bytes": chunk,
+        "routing_knobs": asdict(plan.knobs), "chunk_bytes": chunk,
         "primary_blocks": primary, "watermarks": list(trace.FS_WATERMARKS),
         "payload": "real bf16 KV samples" if plan.samples_dir else "random bytes"})
     base = plan.directory.resolve() / f"fleet-{uuid.uuid4().hex[:8]}"
@@ -378,4 +372,5 @@ def run(plan: FleetPlan, requests: Sequence[TraceRequest],
             nodes.close()
         shutil.rmtree(base, ignore_errors=True)
     out.result["targets"] = targets(list(out))
+    out.result["routing"] = routing_table(list(out))
     return out.result

@@ -52,8 +52,12 @@ FAKE_KEYS = {"aws_access_key_id": "AKIABENCHFAKE0000000", "aws_secret_access_key
 
 
 @contextlib.contextmanager
-def moto_server() -> Iterator[str]:
-    """A throwaway moto_server on 127.0.0.1 (from this interpreter's bin dir)."""
+def moto_server(stop_grace_s: float = 10.0) -> Iterator[str]:
+    """A throwaway moto_server on 127.0.0.1 (from this interpreter's bin dir).
+
+    On exit it is asked to stop (SIGTERM) and killed if it has not within
+    ``stop_grace_s``: after a long replay moto can take longer to wind down its
+    connections, and a bench must not lose its finished result to that."""
     import socket
     import subprocess
     import sys
@@ -81,7 +85,11 @@ def moto_server() -> Iterator[str]:
         yield url
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        try:
+            proc.wait(timeout=stop_grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _gbps(nbytes: int, seconds: float) -> float:

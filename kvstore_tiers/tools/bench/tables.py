@@ -362,7 +362,8 @@ def fleet_tables(fleet: dict[str, Any]) -> list[Any]:
             f"({fleet['distinct_blocks']:,} distinct blocks), chunk {_size(fleet['chunk_bytes'])},"
             f" primary {fleet['primary_blocks']} blocks per node")
     t = table(f"fleet: {head}; hit rates in blocks/blocks",
-              "remote,routing,read-through,fs cap %,hit,primary,fs,remote,remote GETs,GET MiB,"
+              "remote,routing,read-through,fs cap %,max/mean load,hit,primary,fs,remote,"
+              "remote GETs,GET MiB,"
               "repeat GETs,PUTs,PUT MiB,PUT attempts,existed,dup blocks,RT stored,RT dropped,"
               "stale hits,s")
     n = table(f"fleet per node: {head}; hits in blocks",
@@ -371,7 +372,8 @@ def fleet_tables(fleet: dict[str, Any]) -> list[Any]:
     for r in fleet["rows"]:
         key = (r["remote"], r["routing"], "on" if r["read_through"] else "off")
         by = r["hit_rate_by_source"]
-        t.add_row(*key, f"{r['capacity_percent']:g}", f"{r['block_hit_rate']:.3f}",
+        t.add_row(*key, f"{r['capacity_percent']:g}", _opt(r.get("max_over_mean"), ".2f"),
+                  f"{r['block_hit_rate']:.3f}",
                   *(f"{by.get(s, 0):.3f}" for s in ("primary", "fs", "remote")),
                   f"{r['remote_gets']['objects']:,}", f"{r['remote_gets']['bytes'] / MiB:,.1f}",
                   f"{r['remote_repeats']:,}", f"{r['remote_puts']['objects']:,}",
@@ -400,8 +402,42 @@ def fleet_tables(fleet: dict[str, Any]) -> list[Any]:
                   "yes" if x["met"] else "no", _opt(x.get("remote_gets_affinity_off"), ","),
                   _opt(x.get("affinity_cut"), ".0%"), _opt(x.get("routing_share_of_gain"), ".1f"),
                   _opt(x.get("remote_gets_affinity_on"), ","))
-    return [t, n, g] if g.row_count else [t, n]
+    rt = table("routing: load (requests per node, busiest / mean) beside remote GETs; cut "
+               "against round-robin, and as a share of prefix affinity's cut",
+               "remote,fs cap %,read-through,routing,requests per node,max/mean,remote GETs,"
+               "hit,cut,of affinity's")
+    for x in fleet.get("routing", []):
+        rt.add_row(x["remote"], f"{x['capacity_percent']:g}", "on" if x["read_through"] else "off",
+                   x["routing"], " / ".join(f"{c:,}" for c in x["requests_per_node"]),
+                   f"{x['max_over_mean']:.2f}", f"{x['remote_gets']:,}",
+                   f"{x['block_hit_rate']:.3f}", _opt(x["cut_vs_round_robin"], ".0%"),
+                   _opt(x["of_affinity_cut"], ".2f"))
+    return [t, n, *([g] if g.row_count else []), *([rt] if rt.row_count else [])]
 
 
 def _opt(v: Any, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
+
+
+def cost_table(costs: list[tuple[str, dict[str, Any]]]) -> Any:
+    """``--cost``: per priced run, the requests per block stored and per block served
+    by kind, their USD, and USD per million prompt tokens."""
+    from rich.table import Column, Table
+
+    from kvstore_tiers.tools.bench.cost import KINDS
+
+    shown = [k for k in KINDS if any(c["requests"][k] for _, c in costs)] or ["PUT"]
+    t = Table(*(Column(c, justify="right") for c in (
+        "run", *(f"{k}s" for k in shown), *(f"{k} / block stored" for k in shown),
+        *(f"{k} / block served" for k in shown), "requests $", "$ / M prompt tokens",
+        "$ / M tokens served", "storage $ / month")),
+        title=f"s3 requests and what they cost ({costs[0][1]['prices']['source']})")
+    for label, c in costs:
+        t.add_row(label, *(f"{c['requests'][k]:,}" for k in shown),
+                  *(_opt(c["per_block_stored"][k], ".3f") for k in shown),
+                  *(_opt(c["per_block_served"][k], ".3f") for k in shown),
+                  f"{c['dollars']['total']:.4f}",
+                  _opt(c["dollars_per_million_prompt_tokens"], ".4f"),
+                  _opt(c["dollars_per_million_tokens_served"], ".4f"),
+                  f"{c['storage_dollars_per_month']['measured']:.6f}")
+    return t
