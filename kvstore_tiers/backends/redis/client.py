@@ -81,7 +81,12 @@ def split_credentials(url: str) -> tuple[str, str | None, str | None]:
 
 
 def credentials(cfg: RedisConfig) -> tuple[str | None, str | None]:
-    """(username, password): config key, then environment, then URL."""
+    """(username, password): config key, then environment, then URL.
+
+    A ``password_env`` the config names explicitly must hold the password when
+    nothing else gives one: ConfigError naming the key and the variable, rather
+    than a server refusing an empty password later with no word of why.
+    """
     url_user = url_pwd = None
     if cfg.url:
         _, url_user, url_pwd = split_credentials(cfg.url)
@@ -90,6 +95,10 @@ def credentials(cfg: RedisConfig) -> tuple[str | None, str | None]:
         pwd: str | None = cfg.password.get_secret_value()
     else:
         pwd = os.environ.get(cfg.password_env) or url_pwd
+        if pwd is None and "password_env" in cfg.model_fields_set:
+            state = "empty" if cfg.password_env in os.environ else "not set"
+            raise ConfigError(f"redis tier: key 'password_env': {cfg.password_env} is {state} "
+                              "in the environment")
     return user, pwd
 
 
@@ -158,8 +167,30 @@ def close_client(client: Any) -> None:
         logger.debug("redis tier: error closing client", exc_info=True)
 
 
+#: Keys of the redis tier that name a file the TLS setup reads.
+TLS_FILE_KEYS = ("tls_ca_file", "tls_cert_file", "tls_key_file")
+
+
+def check_tls_files(cfg: RedisConfig) -> None:
+    """Every TLS file key names a file this process can read, whatever the URL scheme:
+    ConfigError naming the key and the path otherwise (redis-py would only say "No such
+    file or directory" from inside its connect, naming neither)."""
+    for key in TLS_FILE_KEYS:
+        path = getattr(cfg, key)
+        if path is None:
+            continue
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as exc:
+            reason = exc.strerror or type(exc).__name__
+            raise ConfigError(f"redis tier: key {key!r}: cannot read {path}: {reason}") from None
+
+
 def connect(cfg: RedisConfig, username: str | None, password: str | None, where: str) -> Any:
-    """Build the client and PING; raise ConfigError saying what is wrong at ``where``."""
+    """Check the TLS files, build the client and PING; raise ConfigError saying what is
+    wrong at ``where``."""
+    check_tls_files(cfg)
     client = None
     try:
         client = make_client(cfg, username, password)

@@ -158,3 +158,33 @@ def test_tls_misconfigurations_fail_startup_clearly(tls_server, harness_factory,
     with pytest.raises(ConfigError, match="rediss"):
         harness_factory([{"type": "redis", "url": f"redis://127.0.0.1:{srv.port}/0",
                           "tls_ca_file": pki["ca"]}])
+
+
+def test_an_unset_password_env_fails_startup_naming_key_and_variable(harness_factory,
+                                                                      monkeypatch):
+    monkeypatch.delenv("KVSTORE_TEST_REDIS_PW", raising=False)
+    tier = {"type": "redis", "url": "redis://127.0.0.1:1/0",
+            "password_env": "KVSTORE_TEST_REDIS_PW"}
+    with pytest.raises(ConfigError, match=r"key 'password_env': KVSTORE_TEST_REDIS_PW is not "
+                                          r"set in the environment"):
+        harness_factory([tier])
+    monkeypatch.setenv("KVSTORE_TEST_REDIS_PW", "")
+    with pytest.raises(ConfigError, match=r"key 'password_env': KVSTORE_TEST_REDIS_PW is empty"):
+        harness_factory([tier])
+
+
+@pytest.mark.parametrize("key", ["tls_ca_file", "tls_cert_file", "tls_key_file"])
+@pytest.mark.parametrize("where", ["url", "nodes"])
+def test_a_missing_tls_file_fails_startup_naming_key_and_path(key, where, harness_factory,
+                                                              tmp_path):
+    present = tmp_path / "present.pem"
+    present.write_text("not read further: the missing file fails first\n")
+    missing = tmp_path / "missing.pem"
+    tier: dict[str, Any] = {"type": "redis", "retries": 0, "tls_ca_file": str(present),
+                            "tls_cert_file": str(present), "tls_key_file": str(present)}
+    tier.update({"url": "rediss://127.0.0.1:1/0"} if where == "url"
+                else {"nodes": ["127.0.0.1:1"], "tls": True})
+    tier[key] = str(missing)
+    with pytest.raises(ConfigError) as info:
+        harness_factory([tier])
+    assert f"key '{key}': cannot read {missing}: No such file" in str(info.value)
