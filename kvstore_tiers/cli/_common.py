@@ -138,14 +138,20 @@ def progress_on_stderr(description: str) -> Iterator[Callable[..., None]]:
     """A transient progress line on stderr (stdout stays clean for --json).
 
     Yields ``update(completed, total=None, description=None)``: with no total
-    it counts (a listing), with one it fills a bar (deletes).
+    it counts (a listing), with one it fills a bar (deletes). Only where stderr
+    is a terminal: elsewhere (a pipe, a log file) there is nothing to redraw,
+    and rich would leave an empty line behind.
     """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield lambda completed, total=None, description=None: None
+        return
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                   TextColumn("{task.completed} objects"), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as prog:
+                  console=console, transient=True) as prog:
         task = prog.add_task(description, total=None)
 
         def update(completed: int, total: int | None = None,

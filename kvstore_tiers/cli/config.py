@@ -38,7 +38,8 @@ def build_tier(kind: str, *, root_dir: str | None, bucket: str | None, prefix: s
             raise click.UsageError("--tier s3 needs --bucket")
         tier["bucket"] = bucket
         if prefix:
-            tier["prefix"] = prefix
+            # The tier reads "prod" as "prod/" (S3Config.key_prefix): print what it uses.
+            tier["prefix"] = prefix if prefix.endswith("/") else prefix + "/"
         if endpoint_url:
             tier["endpoint_url"] = endpoint_url
     elif kind == "redis":
@@ -114,7 +115,8 @@ def password_env_lines(moved: list[MovedPassword]) -> list[str]:
 @click.option("--root-dir", help="fs: directory of the blocks.")
 @click.option("--max-bytes", help="fs: cap on the store's size (e.g. 500G).")
 @click.option("--bucket", help="s3: bucket.")
-@click.option("--prefix", help="s3: key prefix.")
+@click.option("--prefix", help="s3: key prefix; a '/' is added if it has none "
+              "('prod' -> 'prod/').")
 @click.option("--endpoint-url", help="s3: S3-compatible endpoint (MinIO...).")
 @click.option("--url", help="redis: server URL (redis://host:port/db).")
 @click.option("--ttl-s", type=click.IntRange(1), help="redis: expire blocks after this idle time.")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -27,6 +29,25 @@ def bucket_rules(tier: dict[str, Any]) -> list[dict[str, Any]]:
         raise
     finally:
         client.close()
+
+
+@contextlib.contextmanager
+def missing_bucket(tier: dict[str, Any]) -> Iterator[None]:
+    """A bucket that does not exist: one line naming it and its endpoint (botocore's own
+    text names the operation, not the bucket)."""
+    from botocore.exceptions import ClientError
+
+    from kvstore_tiers.backends.s3.client import error_code
+    from kvstore_tiers.backends.s3.config import as_config
+
+    try:
+        yield
+    except ClientError as exc:
+        if error_code(exc)[0] != "NoSuchBucket":
+            raise
+        cfg = as_config(tier)
+        raise click.ClickException(f"{tier_title(tier)}: bucket {cfg.bucket!r} does not exist "
+                                   f"at {cfg.where}") from None
 
 
 def _rule_row(rule: dict[str, Any]) -> dict[str, Any]:
@@ -69,7 +90,7 @@ def lifecycle(days: int | None, as_json: bool, **store: Any) -> None:
     for tier in tiers:
         if tier.get("type") != "s3":
             raise click.UsageError(f"{tier_title(tier)}: lifecycle rules are an S3 feature")
-        with store_errors(tier):
+        with store_errors(tier), missing_bucket(tier):
             if days is not None:
                 from kvstore_tiers.backends.s3 import install_lifecycle
 

@@ -202,3 +202,22 @@ def test_admin_commands_name_a_missing_root(tmp_path: Path) -> None:
         assert out.exit_code == 1, out.output
         assert "key 'root_dir'" in out.output and "typo" in out.output
     assert not (tmp_path / "typo").exists()
+
+
+def test_admin_commands_start_with_their_output(fs_store: Path) -> None:
+    """Off a terminal, no progress line, and so no empty line before the report."""
+    for args in (("stats",), ("verify",), ("gc", "--max-age", "30d")):
+        res = invoke(*args, "--fs", str(fs_store))
+        assert res.exit_code == 0, res.output
+        assert res.stderr == "", args
+        assert res.output.strip() and not res.output.startswith("\n"), args
+
+
+def test_config_ends_an_s3_prefix_with_a_slash() -> None:
+    # The tier reads "prod" as "prod/": the printed config says what it uses.
+    for given in ("prod", "prod/"):
+        res = invoke("config", "--tier", "s3", "--bucket", "kv-cache", "--prefix", given,
+                     "--json-only")
+        assert res.exit_code == 0, res.output
+        (tier,) = json.loads(res.stdout)["kv_connector_extra_config"]["secondary_tiers"]
+        assert tier["prefix"] == "prod/"

@@ -104,3 +104,18 @@ def test_gc_without_credentials_is_one_line(
     assert out.exit_code == 1
     assert "credentials" in out.output and "Traceback" not in out.output
     assert len(out.output.strip().splitlines()) == 1
+    # The remedy is the credential chain, not keys in the config (which `config` warns off).
+    assert "AWS_ACCESS_KEY_ID" in out.output and "profile" in out.output
+    assert "aws_access_key_id" not in out.output
+
+
+@pytest.mark.parametrize("days", [(), ("--days", "7")], ids=["show", "install"])
+def test_lifecycle_of_a_missing_bucket_names_it(tier_config: Callable[..., dict[str, Any]],
+                                               days: tuple[str, ...]) -> None:
+    tier = tier_config()
+    out = invoke("lifecycle", "--s3", "no-such-bucket", "--endpoint-url", tier["endpoint_url"],
+                 *days)
+    assert out.exit_code == 1
+    assert out.output.strip().splitlines() == [
+        f"Error: s3 no-such-bucket: bucket 'no-such-bucket' does not exist at "
+        f"{tier['endpoint_url']}"]

@@ -242,8 +242,8 @@ def probe(config: S3Config, namespace_name: str | None = None,
     except ConfigError:
         raise
     except NoCredentialsError:
-        raise fail("no AWS credentials found (set aws_access_key_id/aws_secret_access_key, "
-                   "'profile', or the standard AWS environment variables/role)") from None
+        raise fail(f"no AWS credentials found: use {config.secret_remedy('aws_access_key_id')}"
+                   ) from None
     except SSLError as exc:
         raise fail(f"TLS verification failed for {where} ({exc}); set ca_bundle, or "
                    "verify_tls: false for a test server") from None
