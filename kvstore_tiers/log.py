@@ -65,6 +65,18 @@ def attach_to_vllm_logging() -> None:
         ours.setLevel(logging.INFO)
 
 
+def log_to_stderr(level: int = logging.WARNING) -> None:
+    """For a command-line tool: our records at ``level`` and above on stderr in vLLM's
+    format, and nothing of ours below it (the tiers' start-up and shutdown lines).
+    Call before vLLM loads our plugin: :func:`attach_to_vllm_logging` then leaves ours as is."""
+    ours = logging.getLogger("kvstore_tiers")
+    if not any(isinstance(h, _CurrentStderrHandler) for h in ours.handlers):
+        handler = _CurrentStderrHandler()
+        handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%m-%d %H:%M:%S"))
+        ours.addHandler(handler)
+    ours.setLevel(level)
+
+
 #: Records waiting for the log thread past which new ones are dropped (a stream
 #: that blocks for good must not grow memory without bound).
 MAX_QUEUED_RECORDS = 1024

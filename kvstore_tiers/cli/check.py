@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
 from typing import Any
 
@@ -47,9 +49,17 @@ def check(block_size: str, timeout_s: float, as_json: bool, **store: Any) -> Non
     from rich.table import Table
 
     from kvstore_tiers.admin import check_tier
+    from kvstore_tiers.log import log_to_stderr
 
     tiers = tiers_from_options(**store)
     require_extra("vllm", "torch")
+    # vLLM's own start-up lines (its Triton notice, ...) say nothing about the store:
+    # only its errors, unless the user asks for more. Our warnings about the store
+    # (a Redis without maxmemory, ...) stay.
+    # (Some are logged before vLLM configures its logger: the level of "vllm" holds them.)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
+    log_to_stderr(logging.WARNING)
     reports = [check_tier(t, block_bytes=parse_size(block_size), timeout_s=timeout_s)
                for t in tiers]
     if as_json:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..servers import RedisServer, free_port
@@ -104,3 +107,17 @@ def test_s3_check_ok_and_wrong_endpoint(tier_config: Callable[..., dict[str, Any
     assert bad.exit_code == 1
     assert endpoint in bad.output
     assert "fakeSecret" not in bad.output
+
+
+def test_check_prints_its_report_and_the_store_s_warnings_once(redis_server_factory,
+                                                               tmp_path: Path) -> None:
+    """As a person runs it (a new process): no line of vLLM's start-up, nothing about the
+    placeholder model of the check's engine, a Redis without maxmemory said once."""
+    srv = redis_server_factory([])
+    proc = subprocess.run([sys.executable, "-c", "from kvstore_tiers.cli import main; main()",
+                           "check", "--redis", srv.url], capture_output=True, text=True,
+                          timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK redis" in proc.stdout
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "no maxmemory limit" in lines[0], proc.stderr

@@ -265,8 +265,17 @@ def probe_server(client: Any, cfg: RedisConfig) -> ServerInfo:
     return ServerInfo(use_getex, maxmemory, values.get("maxmemory-policy"))
 
 
+#: (server, maxmemory, policy) this process has warned about.
+_eviction_warned: set[tuple[str, int | None, str | None]] = set()
+
+
 def warn_eviction(info: ServerInfo, where: str) -> None:
-    """Warn about maxmemory settings that hurt a cache."""
+    """Warn about maxmemory settings that hurt a cache, once per server, settings and
+    process (a command that opens the store three times says it once)."""
+    seen = (where, info.maxmemory, info.maxmemory_policy)
+    if seen in _eviction_warned:
+        return
+    _eviction_warned.add(seen)
     if info.maxmemory == 0:
         logger.warning(
             "redis tier: %s has no maxmemory limit: Redis will grow until the host runs "
