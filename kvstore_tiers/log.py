@@ -13,17 +13,18 @@ configures logging itself: then we add nothing.
 handler's lock and writes its stream, so another thread logging at that
 moment (an I/O thread reporting a dead node) or a stream that blocks (a full
 pipe to a slow log collector) would hold the scheduler. Its records go on a
-queue instead, and a thread of its own hands them to the real logger.
+bounded queue instead (the standard library's QueueHandler), and a thread of
+its own (a QueueListener) hands them to the real logger.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import logging.handlers
 import os
+import queue
 import sys
-import threading
-from queue import SimpleQueue
 
 _FORMAT = "%(levelname)s %(asctime)s [%(filename)s:%(lineno)d] %(message)s"
 
@@ -82,47 +83,99 @@ def log_to_stderr(level: int = logging.WARNING) -> None:
 MAX_QUEUED_RECORDS = 1024
 
 
+class _Enqueue(logging.handlers.QueueHandler):
+    """The standard QueueHandler, made safe for the scheduler thread.
+
+    The record goes on the queue as it is: QueueHandler would format it first
+    (``msg % args``, and for an exception its traceback, which reads source
+    files), work that belongs to the listener's thread. A full queue drops the
+    record and counts it, where QueueHandler would report ``queue.Full``
+    through ``handleError`` -- a traceback written to stderr on this thread.
+    """
+
+    def __init__(self, q: queue.Queue[logging.LogRecord | None]) -> None:
+        super().__init__(q)
+        self.dropped = 0
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        return record  # same process: the listener's handlers format it
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            self.dropped += 1
+
+
+class _ToLogger(logging.Handler):
+    """Hands each record to ``target`` (its handlers and its parents'), as if logged there."""
+
+    def __init__(self, target: logging.Logger) -> None:
+        super().__init__()
+        self.target = target
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        # No lock of ours: the target's handlers take their own. A handler's own
+        # errors go to its handleError; nothing else may end the listener's thread.
+        with contextlib.suppress(Exception):
+            self.target.handle(record)
+        return True
+
+    def emit(self, record: logging.LogRecord) -> None:  # pragma: no cover - handle() above
+        self.handle(record)
+
+
+class _Listener(logging.handlers.QueueListener):
+    """QueueListener on a named thread, whose stop waits for room on a full (bounded) queue."""
+
+    def __init__(self, q: queue.Queue[logging.LogRecord | None], handler: logging.Handler,
+                 thread_name: str) -> None:
+        super().__init__(q, handler)
+        self.thread_name = thread_name
+
+    def start(self) -> None:
+        super().start()
+        self._thread.name = self.thread_name  # type: ignore[union-attr]
+
+    def enqueue_sentinel(self) -> None:
+        self.queue.put(self._sentinel)  # blocks until the listener makes room
+
+
 class SchedulerLogger(logging.Logger):
     """A logger whose records another thread writes (see the module docstring).
 
-    Records carry ``target``'s name, level and the caller's file and line, and
-    reach ``target``'s handlers (and its parents') from the
-    ``kvstore-log-<label>`` thread. :meth:`close` writes what is queued and
-    stops the thread; records after it are written at once by the caller.
+    The standard library's :class:`~logging.handlers.QueueHandler` and
+    :class:`~logging.handlers.QueueListener` over a bounded queue: the caller
+    only puts the record on the queue (no formatting, no handler lock but the
+    queue handler's own, uncontended, never blocking); the listener's
+    ``kvstore-log-<label>`` thread hands it to ``target``, whose handlers (and
+    its parents') write it with the caller's file and line. :meth:`close`
+    writes what is queued and stops the thread; records after it are written
+    at once by the caller.
     """
 
     def __init__(self, target: logging.Logger, label: str) -> None:
         super().__init__(target.name)
         self.target = target
-        self._closed = False
-        self._queue: SimpleQueue[logging.LogRecord | None] = SimpleQueue()
-        #: Records dropped because the queue was full.
-        self.dropped = 0
-        self._thread = threading.Thread(target=self._write, name=f"kvstore-log-{label}",
-                                        daemon=True)
-        self._thread.start()
+        self.propagate = False  # the listener hands records to target, parents included
+        self._forward = _ToLogger(target)
+        q: queue.Queue[logging.LogRecord | None] = queue.Queue(MAX_QUEUED_RECORDS)
+        self._enqueue = _Enqueue(q)
+        self.addHandler(self._enqueue)
+        self._listener = _Listener(q, self._forward, f"kvstore-log-{label}")
+        self._listener.start()
+
+    @property
+    def dropped(self) -> int:
+        """Records dropped because the queue was full."""
+        return self._enqueue.dropped
 
     def isEnabledFor(self, level: int) -> bool:
         return self.target.isEnabledFor(level)
 
-    def handle(self, record: logging.LogRecord) -> None:
-        """Queue ``record`` for the log thread: no lock, no formatting, never blocks."""
-        if self._closed:
-            self.target.handle(record)
-        elif self._queue.qsize() >= MAX_QUEUED_RECORDS:
-            self.dropped += 1
-        else:
-            self._queue.put(record)
-
     def close(self) -> None:
         """Write the queued records, stop the thread; later records go straight to ``target``."""
-        if not self._closed:
-            self._closed = True
-            self._queue.put(None)
-            self._thread.join()
-
-    def _write(self) -> None:
-        while (record := self._queue.get()) is not None:
-            # A handler's own errors go to Handler.handleError; nothing else may end the thread.
-            with contextlib.suppress(Exception):
-                self.target.handle(record)
+        if self._enqueue in self.handlers:
+            self.removeHandler(self._enqueue)
+            self._listener.stop()
+            self.addHandler(self._forward)

@@ -82,3 +82,26 @@ def test_a_blocked_log_stream_does_not_hold_the_scheduler(harness_factory, tmp_p
 def _failure_lines(stream: BlockedStream) -> list[tuple[int, str]]:
     return [(who, text) for who, text in list(stream.writes)
             if "stores failed" in text or "circuit open" in text]
+
+
+def test_a_full_log_queue_drops_records_quietly(stream, capfd) -> None:
+    """Past MAX_QUEUED_RECORDS waiting records new ones are counted and dropped: the
+    scheduler thread neither blocks nor writes (not even a logging error to stderr)."""
+    from kvstore_tiers.log import MAX_QUEUED_RECORDS, SchedulerLogger
+
+    log = SchedulerLogger(logging.getLogger("kvstore_tiers.test_full_queue"), "full-queue")
+    total = MAX_QUEUED_RECORDS + 50
+    try:
+        for i in range(total):
+            log.warning("record %d", i)
+        assert log.dropped >= 49  # the queue is full; the log thread holds one at most
+        assert threading.main_thread().ident not in {who for who, _ in stream.writes}
+    finally:
+        stream.gate.set()
+        log.close()
+    written = [text for _, text in stream.writes if text.startswith("record ")]
+    assert len(written) + log.dropped == total
+    assert written[:2] == ["record 0", "record 1"]  # in order, formatted by the log thread
+    assert capfd.readouterr().err == ""
+    log.warning("after close")  # written at once, by the caller
+    assert stream.writes[-1] == (threading.main_thread().ident, "after close")
