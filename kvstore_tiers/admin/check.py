@@ -170,7 +170,7 @@ def _load(h: Any, key: list[bytes], rows: Any, rep: CheckReport, timeout_s: floa
 
     ctx = h.new_request()
     t0 = time.perf_counter()
-    results, _steps = h.lookup_until_resolved(key, ctx, max_steps=1, min_wait_s=timeout_s)
+    results, _steps = h.lookup_until_resolved(key, ctx, timeout_s=timeout_s)
     if results[0] is not LookupResult.HIT:
         return f"block stored but the lookup answered {results[0].name}"
     back = h.load(key, ctx)

@@ -168,17 +168,16 @@ class Harness:
             if hasattr(self.manager, "on_reset_flushed"):
                 self.manager.on_reset_flushed()
 
-    def lookup_until_resolved(
-        self, keys: Sequence[bytes], ctx: Any, max_steps: int = 200, min_wait_s: float = 30.0
-    ) -> tuple[list[Any], int]:
+    def lookup_until_resolved(self, keys: Sequence[bytes], ctx: Any, timeout_s: float = 60.0
+                              ) -> tuple[list[Any], int]:
         """Look ``keys`` up each step, as the scheduler does, until none is RETRY
-        or HIT_PENDING. Returns (final results, steps taken). Gives up (TimeoutError)
-        only after ``max_steps`` steps *and* ``min_wait_s`` seconds: a step count
-        alone is a few hundred milliseconds, which a busy machine can spend on
-        one load."""
+        or HIT_PENDING. Returns (final results, steps taken). Gives up with
+        TimeoutError once ``timeout_s`` seconds have passed (as :meth:`settle`): a
+        time, not a step count, since a busy machine can spend hundreds of steps'
+        worth of time on one load."""
         from vllm.v1.kv_offload.base import LookupResult
 
-        deadline = time.monotonic() + min_wait_s
+        deadline = time.monotonic() + timeout_s
         n = 0
         while True:
             n += 1
@@ -186,9 +185,9 @@ class Harness:
                 results = [self.manager.lookup(k, ctx) for k in keys]
             if all(r in (LookupResult.HIT, LookupResult.MISS) for r in results):
                 return results, n
-            if n >= max_steps and time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"lookups unresolved after {n} steps and {min_wait_s:g} s: {results}")
+                    f"lookups unresolved after {timeout_s:g} s ({n} steps): {results}")
             self.step()
             time.sleep(0.002)
 

@@ -19,8 +19,8 @@ from kvstore_tiers.tier import KVStoreTier
 
 class StallFsBackend(FileSystemBackend):
     """fs backend whose loads (``load_many``, every load batch) wait for
-    ``gate``, and whose stores (``store_many``) wait for ``store_gate``
-    (both open by default)."""
+    ``gate``, whose stores (``store_many``) wait for ``store_gate`` and whose
+    existence checks wait for ``exists_gate`` (all open by default)."""
 
     gate = threading.Event()
     #: Set when a load is stuck at the gate.
@@ -28,6 +28,13 @@ class StallFsBackend(FileSystemBackend):
     store_gate = threading.Event()
     #: Set when a store is stuck at its gate.
     store_stalled = threading.Event()
+    #: Existence checks (``exists_many``, a lookup's question to the store) wait here.
+    exists_gate = threading.Event()
+    exists_stalled = threading.Event()
+
+    def exists_many(self, names: Sequence[str]) -> list[bool]:
+        _pass(self.exists_gate, self.exists_stalled)
+        return super().exists_many(names)
 
     def store_many(self, items: Sequence[StoreItem], codec: FrameCodec) -> list[Result]:
         _pass(self.store_gate, self.store_stalled)
@@ -47,6 +54,7 @@ def _pass(gate: threading.Event, stalled: threading.Event) -> None:
 
 StallFsBackend.gate.set()
 StallFsBackend.store_gate.set()
+StallFsBackend.exists_gate.set()
 
 
 class StallFsTier(KVStoreTier):

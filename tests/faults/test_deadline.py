@@ -54,3 +54,26 @@ def test_stalled_load_fails_at_deadline_and_never_writes_late(tmp_path: Path) ->
     finally:
         gate.set()
         assert d.close() == 0
+
+
+def test_lookup_until_resolved_gives_up_at_its_time_bound(tmp_path: Path,
+                                                           harness_factory) -> None:
+    """The harness's wait for a lookup is one bound in seconds, as settle's."""
+    import pytest
+
+    h = harness_factory([{"type": "StallFsTier", "module_path": "tests.faults.stall",
+                          "root_dir": str(tmp_path)}], num_chunks=4, chunk_bytes=4096)
+    gate = StallFsBackend.exists_gate
+    gate.clear()
+    StallFsBackend.exists_stalled.clear()
+    try:
+        ctx = h.new_request()
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"unresolved after 0.5 s"):
+            h.lookup_until_resolved(make_keys(2, seed=5), ctx, timeout_s=0.5)
+        assert 0.5 <= time.monotonic() - start < 5.0
+        assert StallFsBackend.exists_stalled.is_set(), "the lookup never asked the store"
+    finally:
+        gate.set()
+    assert h.lookup_until_resolved(make_keys(2, seed=5), ctx, timeout_s=30)[0] == [MISS] * 2
+    h.finish_request(ctx)

@@ -55,7 +55,7 @@ def step_until(h: Any, done: Any, timeout_s: float = 30.0) -> None:
 def promote(h: Any, keys: list[bytes]) -> np.ndarray:
     """A new request finds ``keys`` in a secondary tier and loads them; its rows."""
     ctx = h.new_request()
-    results, _ = h.lookup_until_resolved(keys, ctx, max_steps=5000)  # a loaded machine
+    results, _ = h.lookup_until_resolved(keys, ctx)  # a loaded machine
     assert results == [HIT] * len(keys)
     rows = h.load(keys, ctx)
     h.settle()
@@ -128,11 +128,11 @@ def test_a_block_is_written_once_and_a_corrupt_one_never(
     local, far = b.tiers
     corrupt(far, keys[3])  # the remote's copy of block 3 fails its checksum
     ctx = b.new_request()
-    results, _ = b.lookup_until_resolved(keys[:3], ctx, max_steps=5000)
+    results, _ = b.lookup_until_resolved(keys[:3], ctx)
     assert results == [HIT] * 3
     b.load(keys[:3], ctx)
     b.settle()
-    results, _ = b.lookup_until_resolved(keys[3:4], ctx, max_steps=5000)
+    results, _ = b.lookup_until_resolved(keys[3:4], ctx)
     if results == [HIT]:  # found, then its load fails the frame check: a miss, never bytes
         b.load(keys[3:4], ctx)
         b.settle()
@@ -200,7 +200,7 @@ def test_a_row_reused_before_the_fill_reads_it_is_not_cached(
 
     b.forget_primary()
     ctx = b.new_request()
-    results, _ = b.lookup_until_resolved(keys, ctx, max_steps=5000)
+    results, _ = b.lookup_until_resolved(keys, ctx)
     assert results == [HIT, HIT, MISS, HIT]
     assert np.array_equal(b.load([keys[i] for i in (0, 1, 3)], ctx), rows[[0, 1, 3]])
     b.settle()

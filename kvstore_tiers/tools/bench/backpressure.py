@@ -129,7 +129,7 @@ def run_arm(plan: BackpressurePlan, arm: str, order: int) -> ArmResult:
             wanted = hot[r * plan.hot:(r + 1) * plan.hot]
             reader = h.new_request()
             t0 = time.perf_counter()
-            results, _ = h.lookup_until_resolved(wanted, reader, max_steps=2000)
+            results, _ = h.lookup_until_resolved(wanted, reader)
             hits = [k for k, v in zip(wanted, results, strict=True) if v == LookupResult.HIT]
             if hits:
                 loaded = h.load(hits, reader)

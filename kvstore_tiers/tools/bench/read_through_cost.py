@@ -59,7 +59,7 @@ def measure(url: str, read_through: bool, blocks: int = 32, chunk_bytes: int = 2
             a.store_all(keys, rows)
             ctx = b.new_request()
             t0 = time.perf_counter()
-            results, _ = b.lookup_until_resolved(keys, ctx, max_steps=100_000)
+            results, _ = b.lookup_until_resolved(keys, ctx, timeout_s=300)
             times.append(time.perf_counter() - t0)
             b.finish_request(ctx)
             b.settle()  # the fills too: the caching tier has pending work until written

@@ -206,7 +206,7 @@ def _tier_round(cfg: dict[str, Any], blocks: int, block_bytes: int, seed: int
             h.forget_primary()
             ctx = h.new_request()
             t, cpu = time.perf_counter(), CpuClock()
-            results, _ = h.lookup_until_resolved(keys, ctx, max_steps=100_000)
+            results, _ = h.lookup_until_resolved(keys, ctx, timeout_s=300)
             t, cpu_per_gb["tier_load"] = time.perf_counter() - t, cpu.per_gb(nbytes)
             check(results, ctx)
             return t
@@ -222,7 +222,7 @@ def _tier_round(cfg: dict[str, Any], blocks: int, block_bytes: int, seed: int
             h.step()  # on_schedule_end: vLLM submits the batched promotion (submit_load)
             tier.pool.wait_idle()
             t, cpu_per_gb["tier_load_transfer"] = time.perf_counter() - t, cpu.per_gb(nbytes)
-            results, _ = h.lookup_until_resolved(keys, ctx, max_steps=100_000)
+            results, _ = h.lookup_until_resolved(keys, ctx, timeout_s=300)
             check(results, ctx)
             return t
 
@@ -277,14 +277,14 @@ def _lookup_cost(cfg: dict[str, Any], n: int) -> dict[str, float]:
         wb = writer.tiers[0].backend
         before_w = sum(wb.requests.values())
         wctx = writer.new_request()
-        res, _ = writer.lookup_until_resolved(present, wctx, max_steps=100_000)
+        res, _ = writer.lookup_until_resolved(present, wctx, timeout_s=300)
         assert res == [LookupResult.HIT] * n
         writer_lookup_requests = sum(wb.requests.values()) - before_w - wb.requests["GetObject"]
         # Another engine: one HEAD per block, hit or miss.
         rb = reader.tiers[0].backend
         ctx = reader.new_request()
         before = rb.requests["HeadObject"]
-        res, _ = reader.lookup_until_resolved(present + absent, ctx, max_steps=100_000)
+        res, _ = reader.lookup_until_resolved(present + absent, ctx, timeout_s=300)
         assert res[:n] == [LookupResult.HIT] * n or all(
             r in (LookupResult.HIT, LookupResult.MISS) for r in res)
         heads = rb.requests["HeadObject"] - before

@@ -76,6 +76,6 @@ def test_a_connection_without_the_internals_falls_back_to_plain_pipelines(
     h.store_all(keys, rows)
     h.forget_primary()
     ctx = h.new_request()
-    results, _ = h.lookup_until_resolved(keys, ctx, max_steps=5000)
+    results, _ = h.lookup_until_resolved(keys, ctx)
     assert results == [LookupResult.HIT] * 4
     assert np.array_equal(h.load(keys, ctx), rows)

@@ -58,7 +58,7 @@ def look_up_all(h: Any, keys: list[bytes]) -> tuple[list[bytes], Any]:
     """A new request looks every key up (promotions included); the hits and their rows."""
     h.forget_primary()
     ctx = h.new_request()
-    results, _ = h.lookup_until_resolved(keys, ctx, max_steps=2000)
+    results, _ = h.lookup_until_resolved(keys, ctx)
     hits = [k for k, r in zip(keys, results, strict=True) if r == HIT]
     got = h.load(hits, ctx) if hits else None
     h.finish_request(ctx)

@@ -32,7 +32,7 @@ def fetch(h: Harness, keys: list[bytes]) -> tuple[list[Any], np.ndarray | None, 
     Returns (lookup results, rows of the HIT keys in order, request context).
     """
     ctx = h.new_request()
-    results, _ = h.lookup_until_resolved(keys, ctx, max_steps=5000)
+    results, _ = h.lookup_until_resolved(keys, ctx)
     hits = [k for k, r in zip(keys, results, strict=True) if r == HIT]
     rows = h.load(hits, ctx) if hits else None
     h.settle()
