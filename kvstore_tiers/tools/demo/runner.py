@@ -60,6 +60,34 @@ class PhaseSpec:
     warmup_tokens: int = 300
 
 
+#: Cores vLLM's CPU engine reserves (off its OpenMP threads) for one worker with a
+#: kv_transfer_config: one for the scheduler and one more for the connector
+#: (vllm/utils/ompmultiprocessing.py). Without a connector it reserves one, so on a
+#: small machine a no-connector phase would run its OpenMP reductions with more
+#: threads, in another order, and a bf16 model's greedy output could differ from a
+#: connector phase's with no tier involved (docs/troubleshooting.md).
+CONNECTOR_RESERVED_CPUS = 2
+
+
+def phase_env(spec: PhaseSpec, phase_dir: Path) -> dict[str, str]:
+    """The environment of ``spec``'s process: this one's, plus what a phase needs.
+
+    Every phase, with a connector or not, reserves the same cores
+    (``VLLM_CPU_NUM_OF_RESERVED_CPU``, unless already set): phases compare
+    their outputs, and must compute alike to do so.
+    """
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; plenty for the demo
+    env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(CONNECTOR_RESERVED_CPUS))
+    env["KVSTORE_TIERS_STATS_DIR"] = str(phase_dir / "stats")
+    if spec.single_process:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env.update(spec.env)
+    return env
+
+
 def _tail(path: Path, n: int = 60) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
@@ -97,14 +125,7 @@ def run_phase(
         "warmup_tokens": spec.warmup_tokens,
     }
     (d / "request.json").write_text(json.dumps(request, indent=2))
-    env = dict(os.environ)
-    env.setdefault("HF_HUB_OFFLINE", "1")
-    env.setdefault("TRANSFORMERS_OFFLINE", "1")
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; plenty for the demo
-    env["KVSTORE_TIERS_STATS_DIR"] = str(d / "stats")
-    if spec.single_process:
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    env.update(spec.env)
+    env = phase_env(spec, d)
     result_path = d / "result.json"
     events_path = d / "events.jsonl"
     log_path = d / "phase.log"
