@@ -151,6 +151,9 @@ COVERED_BY: list[tuple[str, str]] = [
     # installs plugins/kvstore-memory with pip, from its directory, into a directory
     (r"kvstore-memory", "tests/plugins/test_memory_plugin.py"),
     (r"^pip install", "tests/e2e/test_readme_cpu_install.py"),
+    # README's CPU serve line, run by the same test after the install
+    (r"^export VLLM_CPU_KVCACHE_SPACE=|vllm\.entrypoints\.openai\.api_server",
+     "tests/e2e/test_readme_cpu_install.py"),
     (r"^bash scripts/demo\.sh|kvstore-tiers demo", "tests/e2e/test_two_process_tier.py"),
     (r"kvstore-tiers bench --trace .*--nodes", "tests/tools/test_fleet_bench.py"),
     (r"kvstore-tiers bench --trace|trace_design|mooncake-conversation\.jsonl|"

@@ -23,12 +23,12 @@ What differs from a user's machine, each the least that lets the lines run here:
 * ``PIP_NO_COMPILE=1``: pip does not byte-compile the ~1.5 GB it installs (a
   minute and a half of CPU on 2 cores); Python compiles the modules the server
   imports as it imports them. Downloads go through pip's own cache.
-* The serve command: the model is SmolLM2-135M's local directory
+* The serve command (README's CPU one, with its ``--gpu-memory-utilization`` and
+  ``VLLM_CPU_KVCACHE_SPACE``): the model is SmolLM2-135M's local directory
   (:func:`kvstore_tiers.tools.demo.models.smollm2_model_dir`),
-  ``cpu_bytes_to_use`` 64 MiB instead of 32 GiB, the fs root, redis URL and s3
+  ``cpu_bytes_to_use`` 64 MiB instead of 1 GiB, the fs root, redis URL and s3
   endpoint a temp dir, a redis-server and a moto server started here, and the
-  flags a small CPU machine needs (port, float32, a short context, eager mode)
-  are appended.
+  test's own flags (port, float32, a short context, eager mode) are appended.
 
 Slow (a few minutes: the install is most of it); marked ``install`` so that
 ``-m "not install"`` leaves it out locally. scripts/test.sh runs it.
@@ -78,7 +78,17 @@ def _install_lines() -> list[Command]:
 
 
 def _serve_command() -> Command:
-    return next(c for c in commands(REPO / "README.md") if SERVE_MODULE in c.text)
+    """README's CPU serve line (the other one needs a GPU)."""
+    return next(c for c in commands(REPO / "README.md")
+                if SERVE_MODULE in c.text and c.mark != "needs: gpu")
+
+
+def _cpu_kv_cache_gib() -> str:
+    """VLLM_CPU_KVCACHE_SPACE as README's CPU serve block exports it."""
+    serve = _serve_command()
+    (export,) = [c for c in commands(REPO / "README.md") if c.block == serve.block
+                 and c.text.startswith("export VLLM_CPU_KVCACHE_SPACE=")]
+    return export.text.split("=", 1)[1]
 
 
 def _checkout_copy(dest: Path) -> Path:
@@ -160,6 +170,8 @@ def _serve_argv(venv: Path, model: Path, tmp: Path, redis_url: str, s3_endpoint:
     """README's serve command with the substitutions of the module docstring."""
     argv = shlex.split(_serve_command().text)
     assert argv[:3] == ["python", "-m", SERVE_MODULE], argv
+    # The flag vLLM's CPU engine needs on a small machine is README's, not ours.
+    assert "--gpu-memory-utilization" in argv, argv
     argv[0] = str(venv / "bin" / "python")
     argv[argv.index("--model") + 1] = str(model)
     i = argv.index("--kv-transfer-config") + 1
@@ -229,7 +241,7 @@ def test_readme_cpu_install_serves_a_completion(tmp_path: Path, redis_server: Re
     argv = _serve_argv(venv, model, tmp_path, f"redis://127.0.0.1:{redis_server.port}/0",
                        moto_endpoint, port)
     env = _venv_env(venv) | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-                             "VLLM_CPU_KVCACHE_SPACE": "1"}
+                             "VLLM_CPU_KVCACHE_SPACE": _cpu_kv_cache_gib()}
     log = tmp_path / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=out,
