@@ -8,6 +8,7 @@ listening with ``--tls-port``, the tier on ``rediss://``.
 
 from __future__ import annotations
 
+import json
 import logging
 import subprocess
 from typing import Any
@@ -188,3 +189,25 @@ def test_a_missing_tls_file_fails_startup_naming_key_and_path(key, where, harnes
     with pytest.raises(ConfigError) as info:
         harness_factory([tier])
     assert f"key '{key}': cannot read {missing}: No such file" in str(info.value)
+
+
+def test_config_output_names_the_variable_that_start_up_insists_on(harness_factory,
+                                                                   monkeypatch):
+    """`config --json-only` keeps stdout to the JSON a script hands vLLM; what to set goes
+    to stderr, and cannot be lost: the JSON names the variable, and a tier started
+    without it fails naming it."""
+    from click.testing import CliRunner
+
+    from kvstore_tiers.cli import main
+
+    monkeypatch.delenv("KVSTORE_REDIS_PASSWORD", raising=False)
+    res = CliRunner().invoke(main, ["config", "--tier", "redis", "--url",
+                                    f"redis://:{SECRET}@127.0.0.1:1/0", "--json-only"])
+    assert res.exit_code == 0, res.output
+    (tier,) = json.loads(res.stdout)["kv_connector_extra_config"]["secondary_tiers"]
+    assert tier["password_env"] == "KVSTORE_REDIS_PASSWORD"
+    assert "read -rs KVSTORE_REDIS_PASSWORD" in res.stderr
+    assert SECRET not in res.output
+    with pytest.raises(ConfigError, match=r"key 'password_env': KVSTORE_REDIS_PASSWORD is "
+                                          r"not set in the environment"):
+        harness_factory([tier])
