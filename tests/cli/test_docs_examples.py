@@ -98,9 +98,13 @@ def test_the_docs_have_examples_of_every_built_in_tier() -> None:
     assert len(EXAMPLES) >= 8
 
 
-def _endpoint(tier: dict[str, Any], request: pytest.FixtureRequest,
-              root: Path) -> dict[str, Any]:
-    """The tier with its endpoint (or root) replaced by a real one started for the test."""
+def _endpoint(tier: dict[str, Any], request: pytest.FixtureRequest, root: Path,
+              monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The tier with its endpoint (or root) replaced by a real one started for the test.
+
+    A redis example naming ``password_env`` gets a server with a password and that
+    variable holding it, as the user it is written for has (the tier refuses to start
+    when the variable it names is not set)."""
     tier = dict(tier)
     kind = tier["type"]
     if kind == "fs":
@@ -112,7 +116,13 @@ def _endpoint(tier: dict[str, Any], request: pytest.FixtureRequest,
             free = shutil.disk_usage(root).free
             tier["min_free_bytes"] = min(tier["min_free_bytes"], free // 4)
     elif kind == "redis":
-        server = request.getfixturevalue("redis_server")
+        if "password_env" in tier:
+            password = "docs-example-password"
+            server = request.getfixturevalue("redis_server_factory")(["--requirepass",
+                                                                      password])
+            monkeypatch.setenv(tier["password_env"], password)
+        else:
+            server = request.getfixturevalue("redis_server")
         parts = urlsplit(tier.get("url", "redis://localhost:6379/0"))
         tier["url"] = parts._replace(netloc=f"127.0.0.1:{server.port}").geturl()
     elif kind == "s3":
@@ -133,7 +143,7 @@ def test_example_passes_check(where: str, example: str, fail: str | None, tmp_pa
     if missing:
         pytest.skip(f"{where}: backend {sorted(missing)} is a plugin not installed here")
     for i, tier in enumerate(tiers):
-        real = _endpoint(tier, request, tmp_path / f"tier{i}")
+        real = _endpoint(tier, request, tmp_path / f"tier{i}", monkeypatch)
         out = invoke("check", "--config", json.dumps(real), "--json")
         (rep,) = json.loads(out.stdout)
         if fail is None:
