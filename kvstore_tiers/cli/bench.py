@@ -74,6 +74,20 @@ from kvstore_tiers.cli._common import require_extra
 @click.option("--pairs", type=click.IntRange(1), default=None,
               help="--engine: pairs of runs (each: ours, stock, recompute); default 6. "
               "--backpressure: pairs of runs (bound on, off); default 3.")
+@click.option("--distance", is_flag=True,
+              help="The remote tiers at network distance: --tier s3 and/or redis (default "
+              "both) loading --total-mib (default 100) of --chunk-kib blocks (default 1024) "
+              "through a delaying proxy at each --rtt-ms and once under --cap-mbit, beside a "
+              "raw client and the protocol's bound "
+              "(docs/benchmarks.md#remote-tiers-at-network-distance). --s3-bucket/--s3-endpoint "
+              "(http) or --redis-url measure your own server (e.g. RGW).")
+@click.option("--rtt-ms", "rtts_ms", type=click.FloatRange(0, 1000), multiple=True,
+              help="--distance: round-trip times to add (repeatable; default 0 1 5 20 50).")
+@click.option("--cap-mbit", type=click.FloatRange(0), default=None,
+              help="--distance: the capped cell's rate, each way (default 400; 0: no capped "
+              "cell). Needs root and iproute2 (a veth pair with TBF between namespaces).")
+@click.option("--cap-rtt-ms", type=click.FloatRange(0, 1000), default=None,
+              help="--distance: the capped cell's RTT (default 20).")
 @click.option("--backpressure", is_flag=True,
               help="Loads from an fs tier whose writes are throttled, under a store flood: "
               "max_store_bytes_in_flight at its default vs off, through vLLM's manager "
@@ -171,7 +185,9 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
           nodes: int | None, routings: tuple[str, ...], read_through: str | None,
           affinity_blocks: int | None, load_factor: float | None, busy_scheduler: bool,
           scheduler_only: bool, cost: bool, price_put: float | None, price_get: float | None,
-          price_delete: float | None, price_gb_month: float | None) -> None:
+          price_delete: float | None, price_gb_month: float | None,
+          distance: bool, rtts_ms: tuple[float, ...], cap_mbit: float | None,
+          cap_rtt_ms: float | None) -> None:
     """Benchmark the tiers through vLLM's real TieringOffloadingManager.
 
     For fs, in the same run and on the same directory: our tier and vLLM's
@@ -189,6 +205,8 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
       kvstore-tiers bench --chunk-kib 2048 --reload-rounds 40
       kvstore-tiers bench --engine --pairs 6
       kvstore-tiers bench --backpressure
+      kvstore-tiers bench --distance --tier s3 --tier redis
+      kvstore-tiers bench --distance --tier s3 --s3-bucket kv --s3-endpoint http://rgw:7480
       kvstore-tiers bench --load-trace --chunk-kib 2048 --rounds 4
       kvstore-tiers bench --scheduler-only --dir /dev/shm/kv-bench
       kvstore-tiers bench --load-trace-summary /tmp/engine-load-trace.jsonl
@@ -222,6 +240,23 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
         return
     if busy_scheduler:
         raise click.UsageError("--busy-scheduler only applies to --load-trace")
+    distance_only = ("rtts_ms", "cap_mbit", "cap_rtt_ms")
+    if distance:
+        given = [n for n in ctx.params if n not in (
+            "distance", *distance_only, "tiers", "chunk_kib", "total_mib", "rounds", "out_dir",
+            "tier_keys", "redis_url", "s3_bucket", "s3_endpoint", "s3_prefix", "s3_region")
+            and ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--distance runs its own workload; drop {_flags(given)}")
+        given_tier = ctx.get_parameter_source("tiers") is click.core.ParameterSource.COMMANDLINE
+        _distance(tuple(dict.fromkeys(tiers)) if given_tier else ("s3", "redis"), rtts_ms,
+                  cap_mbit, cap_rtt_ms, chunk_kib, total_mib, rounds, tier_keys, redis_url,
+                  s3_bucket, s3_endpoint, s3_prefix, s3_region, out_dir)
+        return
+    given = [n for n in distance_only
+             if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+    if given:
+        raise click.UsageError(f"{_flags(given)} only apply to --distance")
     if scheduler_only and (trace_path or engine or backpressure):
         raise click.UsageError("--scheduler-only does not apply to --trace, --engine or "
                                "--backpressure")
@@ -465,6 +500,47 @@ def _load_trace(directory: Path, out_dir: Path, chunk_kib: int, total_mib: int,
                                        + (", busy scheduler" if busy else "")))
     console.print(f"trace: {out_dir / 'load-trace.jsonl'}; result: "
                   f"{write_json(doc, out_dir / 'load-trace.json')}")
+
+
+def _distance(tiers: tuple[str, ...], rtts_ms: tuple[float, ...], cap_mbit: float | None,
+              cap_rtt_ms: float | None, chunk_kib: tuple[int, ...], total_mib: int | None,
+              rounds: int | None, tier_keys: tuple[str, ...], redis_url: str | None,
+              s3_bucket: str | None, s3_endpoint: str | None, s3_prefix: str,
+              s3_region: str | None, out_dir: Path) -> None:
+    """``--distance``: distance.json in --out and the distance table."""
+    from rich.console import Console
+
+    from kvstore_tiers.tools.bench import distance
+    from kvstore_tiers.tools.bench.runner import code_info, machine_info, write_json
+
+    if "fs" in tiers:
+        raise click.UsageError("--distance measures the remote tiers: --tier s3 or redis")
+    if len(chunk_kib) > 1:
+        raise click.UsageError("--distance takes one --chunk-kib")
+    plan = distance.DistancePlan(tiers=tiers, tier_keys=_tier_keys(tier_keys, tiers),
+                                 redis_url=redis_url, s3_bucket=s3_bucket,
+                                 s3_endpoint=s3_endpoint, s3_prefix=s3_prefix,
+                                 s3_region=s3_region)
+    if rtts_ms:
+        plan.rtts_ms = tuple(dict.fromkeys(rtts_ms))
+    if cap_mbit is not None:
+        plan.cap_mbit = cap_mbit or None
+    if cap_rtt_ms is not None:
+        plan.cap_rtt_ms = cap_rtt_ms
+    if chunk_kib:
+        plan.block_kib = chunk_kib[0]
+    if total_mib:
+        plan.total_mib = total_mib
+    if rounds:
+        plan.rounds = rounds
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    t0 = time.time()
+    result = distance.run(plan, progress=lambda msg: console.print(msg))
+    doc = {"mode": "distance", "code": code_info(), "machine": machine_info(),
+           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t0)),
+           "seconds": time.time() - t0, **result}
+    console.print(distance.table(result))
+    console.print(f"result: {write_json(doc, out_dir / 'distance.json')}")
 
 
 def _backpressure(directory: Path, out_dir: Path, pairs: int | None, rounds: int | None

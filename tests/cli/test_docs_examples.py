@@ -168,6 +168,7 @@ COVERED_BY: list[tuple[str, str]] = [
     (r"kvstore-tiers bench --trace .*--nodes", "tests/tools/test_fleet_bench.py"),
     (r"kvstore-tiers bench --trace|trace_design|mooncake-conversation\.jsonl|"
      r"^export KVSTORE_KV_SAMPLES=", "tests/tools/test_trace_bench.py"),
+    (r"kvstore-tiers bench --distance", "tests/tools/test_distance_bench.py"),
     (r"kvstore-tiers bench --engine", "tests/e2e/test_engine_bench_e2e.py"),
     (r"kvstore-tiers bench --backpressure", "tests/tools/test_backpressure_bench.py"),
     (r"kvstore-tiers bench --scheduler-only|bench-ab\.sh .*--scheduler-only",

@@ -17,7 +17,8 @@ client connection) unless a fault is armed:
   full Content-Length but only half the body, and close.
 * ``heal()``: disarm everything and release stalled requests.
 
-``requests`` counts requests received, by method, faults included.
+``requests`` counts requests received, by method, faults included; ``seen`` lists each
+one's (method, path).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class FaultProxy:
         u = urlsplit(upstream)
         self.upstream = (u.hostname or "127.0.0.1", u.port or 80)
         self.requests: Counter[str] = Counter()
+        self.seen: list[tuple[str, str]] = []
         self.faults_served = 0
         self._fault: _Fault | None = None
         self._lock = threading.Lock()
@@ -115,9 +117,10 @@ class FaultProxy:
         self._server.shutdown()
         self._server.server_close()
 
-    def _take_fault(self, method: str, headers: Any) -> _Fault | None:
+    def _take_fault(self, method: str, headers: Any, path: str = "") -> _Fault | None:
         with self._lock:
             self.requests[method] += 1
+            self.seen.append((method, path))
             f = self._fault
             if f is None or (f.methods is not None and method not in f.methods):
                 return None
@@ -134,7 +137,7 @@ class FaultProxy:
     def _handle(self, h: BaseHTTPRequestHandler) -> None:
         length = int(h.headers.get("Content-Length") or 0)
         body = h.rfile.read(length) if length else b""
-        fault = self._take_fault(h.command, h.headers)
+        fault = self._take_fault(h.command, h.headers, h.path)
         if fault is not None and fault.kind == "error":
             xml = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{fault.code}</Code>'
                    f"<Message>injected by faultproxy</Message></Error>").encode()

@@ -67,11 +67,12 @@ from kvstore_tiers.backends.redis.client import (
     credentials,
     probe_server,
     run_pipeline,
+    warm_pool,
     warn_eviction,
 )
 from kvstore_tiers.backends.redis.config import RedisConfig
 from kvstore_tiers.backends.redis.evictions import EvictionListener, check_notifications
-from kvstore_tiers.backends.redis.fastio import FastIO, fast_io_supported
+from kvstore_tiers.backends.redis.fastio import FastIO, fast_io_supported, is_far
 from kvstore_tiers.backends.redis.listing import iter_objects
 from kvstore_tiers.batching import encode_batch
 from kvstore_tiers.errors import ObjectMissing, TransientError, detached
@@ -138,8 +139,11 @@ class RedisBackend(Backend):
         except Exception:
             self.close()  # the tier is not built: nobody else would close the client
             raise
+        if not cfg.is_cluster:  # the load threads' connections, open before the first load
+            warm_pool(self.client.connection_pool, cfg.n_read_threads)
         if not cfg.is_cluster and cfg.fast_io and fast_io_supported(self.client):
-            self._fast = FastIO(self.client.connection_pool, cfg.retries, backoff().compute)
+            self._fast = FastIO(self.client.connection_pool, cfg.retries, backoff().compute,
+                                get_depth=cfg.get_depth, far=is_far(self.client))
 
     def _follow_evictions(self, events: list[str]) -> None:
         cfg = self.config

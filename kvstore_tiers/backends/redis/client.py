@@ -7,9 +7,11 @@ reaches into redis-py's connections lives in :mod:`.fastio`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -185,6 +187,28 @@ def check_tls_files(cfg: RedisConfig) -> None:
         except OSError as exc:
             reason = exc.strerror or type(exc).__name__
             raise ConfigError(f"redis tier: key {key!r}: cannot read {path}: {reason}") from None
+
+
+def warm_pool(pool: Any, n: int) -> int:
+    """Open ``n`` connections of ``pool`` at once, then give them all back: a fresh
+    engine's first loads find them open, where a connection made on demand costs a far
+    server's round trips (TCP, then redis-py's HELLO/SETINFO/SELECT tail) before its
+    first command. Start-up pays about two round trips once, all connections in
+    parallel. Returns how many opened; a failure only leaves that connection to be made
+    on demand, as without warming (start-up's PING already said the server answers)."""
+    got: list[Any] = []
+    try:
+        with ThreadPoolExecutor(n, thread_name_prefix="kvstore_redis_warm") as ex:
+            for fut in [ex.submit(pool.get_connection) for _ in range(n)]:
+                try:
+                    got.append(fut.result())
+                except Exception:
+                    logger.debug("redis tier: warming a connection failed", exc_info=True)
+    finally:
+        for conn in got:
+            with contextlib.suppress(Exception):
+                pool.release(conn)
+    return len(got)
 
 
 def connect(cfg: RedisConfig, username: str | None, password: str | None, where: str) -> Any:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -41,8 +42,14 @@ from kvstore_tiers.frame import FIRST_READ, FrameCodec
 CRLF = b"\r\n"
 #: SET value bytes unanswered at once, over all connections (the store window).
 SET_WINDOW_BYTES = 8 << 20
-#: GETs one connection keeps unanswered at once.
+#: GETs one connection keeps unanswered at once on a near server (``get_depth`` None).
 GET_DEPTH = 2
+#: A GET's first reply byte later than this (s) marks the server far: then a batch's
+#: GETs all go at once, since each one held back costs a round trip.
+FAR_S = 0.001
+#: The server is far when the least of this many recent first-byte times is: a busy
+#: machine only ever adds to one, so the least is the path's own (as TCP's min RTT).
+FAR_SAMPLES = 8
 
 
 class _ProtocolError(Exception):
@@ -61,7 +68,8 @@ class _Reader:
         self.pos = 0
         self.end = 0
 
-    def _fill(self) -> None:
+    def fill(self) -> None:
+        """Read what the socket has (at least one byte) into the buffer."""
         if self.pos == self.end:
             self.pos = self.end = 0
         elif self.end == len(self.buf):  # move the unread tail to the front
@@ -82,7 +90,7 @@ class _Reader:
                 return line
             if self.end - self.pos >= len(self.buf) - 2:
                 raise _ProtocolError("reply line too long")
-            self._fill()
+            self.fill()
 
     def readinto(self, dest: memoryview) -> None:
         """Fill ``dest`` exactly: buffered bytes first, then straight from the socket."""
@@ -95,7 +103,7 @@ class _Reader:
         while off < n:
             if n - off < 4096:
                 # Small remainder: go through the buffer (fewer tiny recvs).
-                self._fill()
+                self.fill()
                 take = min(n - off, self.end - self.pos)
                 dest[off : off + take] = self.mv[self.pos : self.pos + take]
                 self.pos += take
@@ -109,14 +117,14 @@ class _Reader:
     def skip(self, n: int) -> None:
         while n > 0:
             if self.pos == self.end:
-                self._fill()
+                self.fill()
             take = min(n, self.end - self.pos)
             self.pos += take
             n -= take
 
     def expect_crlf(self) -> None:
         while self.end - self.pos < 2:
-            self._fill()
+            self.fill()
         if self.buf[self.pos : self.pos + 2] != CRLF:
             raise _ProtocolError("bulk reply not terminated by CRLF")
         self.pos += 2
@@ -126,7 +134,8 @@ class FastIO:
     """Batched SET/GET over connections of a redis-py ``ConnectionPool``."""
 
     def __init__(self, pool: Any, retries: int, backoff: Callable[[int], float],
-                 set_window_bytes: int = SET_WINDOW_BYTES) -> None:
+                 set_window_bytes: int = SET_WINDOW_BYTES, get_depth: int | None = None,
+                 far: bool = False) -> None:
         self.pool = pool
         self.retries = retries
         self.backoff = backoff
@@ -134,8 +143,12 @@ class FastIO:
         #: SET value bytes all connections together may have unanswered (0: no limit).
         self.set_window_bytes = set_window_bytes
         self._inflight = 0
-        #: GETs unanswered at once per connection (see get_many).
-        self.get_depth = GET_DEPTH
+        #: GETs unanswered at once per connection; None: by distance (see get_many).
+        self.get_depth = get_depth
+        #: The least of the recent batches' first-byte times is over FAR_S (get_depth
+        #: None); at first, what :func:`is_far` said at start-up.
+        self.far = far
+        self._first_byte_s: deque[float] = deque(maxlen=FAR_SAMPLES)
         self._window_cv = threading.Condition()
 
     # -- connection handling ----------------------------------------------------------
@@ -273,24 +286,34 @@ class FastIO:
                     % (len(k), k, len(t), t) for k in keys]
         else:
             cmds = [b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys]
-        depth = max(1, self.get_depth)
+        fixed = self.get_depth
 
         def op(conn: Any) -> list[int | BaseException]:
-            # At most ``depth`` GETs unanswered on this connection: the server
-            # copies each reply into its output buffers as soon as it reads
-            # the GET, so a deeper pipeline only makes it fault in fresh
-            # memory for replies we are not reading yet.
+            # On a near server, at most GET_DEPTH GETs unanswered on this
+            # connection: the server copies each reply into its output buffers
+            # as soon as it reads the GET, so a deeper pipeline only makes it
+            # fault in fresh memory for replies we are not reading yet. On a far
+            # one (the first reply byte came later than FAR_S), every GET goes at
+            # once: one held back waits a round trip. Each batch measures again.
+            depth = max(1, fixed) if fixed else len(cmds) if self.far else GET_DEPTH
             sent = min(depth, len(cmds))
+            t0 = time.perf_counter()
             conn.send_packed_command([b"".join(cmds[:sent])], check_health=False)
             sock = raw_socket(conn)
             if sock is None:  # redis-py's internals changed under us: drop, retry, fail
                 raise _ProtocolError("redis-py connection exposes no socket")
             reader = _Reader(sock, self._readbuf())
+            if not fixed:
+                reader.fill()  # the first reply byte
+                self._first_byte_s.append(time.perf_counter() - t0)
+                self.far = min(tuple(self._first_byte_s)) > FAR_S
+                depth = len(cmds) if self.far else GET_DEPTH
             out: list[int | BaseException] = []
             for i, (key, item) in enumerate(zip(keys, items, strict=True)):
                 if sent < len(cmds) and sent < i + depth:
-                    conn.send_packed_command([cmds[sent]], check_health=False)
-                    sent += 1
+                    upto = min(len(cmds), i + depth)
+                    conn.send_packed_command([b"".join(cmds[sent:upto])], check_health=False)
+                    sent = upto
                 out.append(self._read_value(reader, key, item, codec))
             if reader.pos != reader.end:
                 raise _ProtocolError("unexpected bytes after the last reply")
@@ -348,6 +371,17 @@ class FastIO:
 #: redis-py releases whose connection internals :func:`raw_socket` was written for
 #: (pyproject's ``redis`` extra carries the same upper bound).
 REDIS_PY_SUPPORTED = ">=5.0,<9"
+
+
+def is_far(client: Any, pings: int = 3) -> bool:
+    """Whether the quickest of ``pings`` PINGs took longer than FAR_S (a far server: see
+    get_many)."""
+    took = []
+    for _ in range(pings):
+        t0 = time.perf_counter()
+        client.ping()
+        took.append(time.perf_counter() - t0)
+    return min(took) > FAR_S
 
 
 def raw_socket(conn: Any) -> socket.socket | None:

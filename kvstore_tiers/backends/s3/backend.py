@@ -81,6 +81,10 @@ T = TypeVar("T")
 DELETE_BATCH = 1000
 
 
+#: The absent key start-up HEADs to build the client's request path before a lookup needs it.
+WARM_KEY = ".kvstore-warm"
+
+
 class S3Backend(Backend):
     """Blocks as S3 objects. Thread-safe: every data method may be called concurrently."""
 
@@ -148,6 +152,12 @@ class S3Backend(Backend):
         )
         self._client = await self._client_ctx.__aenter__()
         self._sem = asyncio.Semaphore(self.config.max_concurrency)
+        # A client's first HeadObject builds its request path (operation model, endpoint
+        # rules, signer): 0.1-1 s of CPU here, which would land on a fresh engine's first
+        # lookup. One HEAD of an absent key pays it at start-up (and opens a connection);
+        # it is not counted in `requests`, and an error only leaves that cost to the lookup.
+        with contextlib.suppress(Exception):
+            await self._client.head_object(Bucket=self.bucket, Key=self.prefix + WARM_KEY)
         # Count every HTTP attempt (retries included) for the lookup-cost metric.
         self._client.meta.events.register("before-send.s3", self._count_request)
 
