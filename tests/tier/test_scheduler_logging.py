@@ -102,6 +102,10 @@ def test_a_full_log_queue_drops_records_quietly(stream, capfd) -> None:
     written = [text for _, text in stream.writes if text.startswith("record ")]
     assert len(written) + log.dropped == total
     assert written[:2] == ["record 0", "record 1"]  # in order, formatted by the log thread
-    assert capfd.readouterr().err == ""
+    # Other handlers of the package's logger (vLLM's, once it configured logging) may write
+    # the records from the log thread; what must never appear is logging's own error report,
+    # which the stock QueueHandler prints on the caller's thread when its queue is full.
+    err = capfd.readouterr().err
+    assert "--- Logging error ---" not in err and "queue.Full" not in err
     log.warning("after close")  # written at once, by the caller
     assert stream.writes[-1] == (threading.main_thread().ident, "after close")
