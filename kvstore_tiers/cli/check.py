@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -49,19 +51,12 @@ def check(block_size: str, timeout_s: float, as_json: bool, **store: Any) -> Non
     from rich.table import Table
 
     from kvstore_tiers.admin import check_tier
-    from kvstore_tiers.log import log_to_stderr
 
     tiers = tiers_from_options(**store)
     require_extra("vllm", "torch")
-    # vLLM's own start-up lines (its Triton notice, ...) say nothing about the store:
-    # only its errors, unless the user asks for more. Our warnings about the store
-    # (a Redis without maxmemory, ...) stay.
-    # (Some are logged before vLLM configures its logger: the level of "vllm" holds them.)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
-    log_to_stderr(logging.WARNING)
-    reports = [check_tier(t, block_bytes=parse_size(block_size), timeout_s=timeout_s)
-               for t in tiers]
+    with _store_warnings_only():
+        reports = [check_tier(t, block_bytes=parse_size(block_size), timeout_s=timeout_s)
+                   for t in tiers]
     if as_json:
         click.echo(json.dumps([r.as_dict() for r in reports], indent=2))
     else:
@@ -86,3 +81,42 @@ def check(block_size: str, timeout_s: float, as_json: bool, **store: Any) -> Non
             console.print(t)
     if not all(r.ok for r in reports):
         sys.exit(1)
+
+
+@contextlib.contextmanager
+def _store_warnings_only() -> Iterator[None]:
+    """While a check runs: vLLM's own start-up lines (its Triton notice, ...) say nothing
+    about the store, so only its errors show unless ``VLLM_LOGGING_LEVEL`` asks for more;
+    our warnings about the store (a Redis without maxmemory, ...) stay on stderr.
+
+    Everything is put back on return: the variable (engines a caller starts later copy
+    the environment), the ``vllm`` and ``kvstore_tiers`` loggers' levels and handlers.
+    A ``VLLM_LOGGING_LEVEL`` that names no level is a usage error naming the variable.
+    """
+    from kvstore_tiers.log import log_to_stderr
+
+    env_before = os.environ.get("VLLM_LOGGING_LEVEL")
+    vllm_log, ours = logging.getLogger("vllm"), logging.getLogger("kvstore_tiers")
+    levels_before = (vllm_log.level, ours.level)
+    handlers_before = list(ours.handlers)
+    level = (env_before or "ERROR").upper()
+    try:
+        # Some lines are logged before vLLM configures its logger: the level of "vllm"
+        # holds them; the variable covers vLLM's own configuration when it imports.
+        vllm_log.setLevel(level)
+    except ValueError:
+        raise click.UsageError(
+            f"VLLM_LOGGING_LEVEL={env_before!r} is not a logging level "
+            "(DEBUG, INFO, WARNING, ERROR, CRITICAL)") from None
+    os.environ["VLLM_LOGGING_LEVEL"] = level
+    try:
+        log_to_stderr(logging.WARNING)
+        yield
+    finally:
+        if env_before is None:
+            os.environ.pop("VLLM_LOGGING_LEVEL", None)
+        else:
+            os.environ["VLLM_LOGGING_LEVEL"] = env_before
+        vllm_log.setLevel(levels_before[0])
+        ours.setLevel(levels_before[1])
+        ours.handlers[:] = handlers_before

@@ -46,3 +46,23 @@ def test_check_leaves_nothing_in_redis(redis_server: RedisServer) -> None:
     assert out.exit_code == 0, out.output
     assert json.loads(out.stdout)[0]["ok"]
     assert redis_server.client().dbsize() == 0
+
+
+def test_check_leaves_the_callers_environment_and_logging_as_it_found_them(
+        tmp_path: Path, monkeypatch: Any) -> None:
+    """check quiets vLLM's start-up lines only while it runs: engines started later by the
+    same process (they copy os.environ) and its loggers keep their own levels."""
+    import logging
+    import os
+
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    vllm_log, ours = logging.getLogger("vllm"), logging.getLogger("kvstore_tiers")
+    before = (vllm_log.level, ours.level, list(ours.handlers))
+    out = invoke("check", "--fs", str(tmp_path / "kv"), "--json")
+    assert out.exit_code == 0, out.output
+    assert "VLLM_LOGGING_LEVEL" not in os.environ
+    assert (vllm_log.level, ours.level, list(ours.handlers)) == before
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "not-a-level")
+    out = invoke("check", "--fs", str(tmp_path / "kv"))
+    assert out.exit_code != 0 and "VLLM_LOGGING_LEVEL" in out.output
+    assert os.environ["VLLM_LOGGING_LEVEL"] == "not-a-level"
