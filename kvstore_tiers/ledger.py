@@ -230,7 +230,10 @@ class Ledger:
         """Report a job failed as a whole (its outcomes are unknown, or applying
         them broke): a load's ``keys`` of ``req_id`` as failed loads, a store's
         as failed stores that leave the presence index (``unwritten``: those not
-        offered to the backend)."""
+        offered to the backend). What the backend answered is unknown, so the
+        breaker learns nothing; a half-open probe is given back, or no job would
+        probe again."""
+        self.breaker.record_keys(0, 0)
         if is_load:
             self.fail_loads(req_id, keys)
         else:

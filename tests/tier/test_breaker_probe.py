@@ -74,3 +74,36 @@ def test_a_probe_store_dropped_for_backpressure_lets_the_next_job_probe(
     assert done[901].success and done[903].success
     assert tier.breaker.state is BreakerState.CLOSED
     assert tier.counters.objects_stored == 2
+
+
+def test_a_probe_whose_outcome_is_unknown_is_given_back(
+        harness_factory, tmp_path, monkeypatch) -> None:
+    """A probe job that fails as a whole (condensing its outcomes broke, so what the
+    backend answered is unknown) proved nothing about the backend: the next job probes."""
+    from kvstore_tiers.job import Job
+
+    h = harness_factory([flaky_tier(tmp_path)], num_chunks=16, chunk_bytes=ROW)
+    tier = h.tiers[0]
+    keys = make_keys(4, seed=35)
+    rows = rows_for(keys, ROW)
+    h.store_all(keys, rows)
+    h.forget_primary()
+    _open_and_cool(tier)
+    real = Job.summarise
+
+    def broken(self: Job) -> Any:
+        raise RuntimeError("condensing the outcomes broke")
+
+    monkeypatch.setattr(Job, "summarise", broken)
+    ctx = h.new_request()
+    found, _ = h.lookup_until_resolved(keys, ctx)  # its load is the probe: failed as a whole
+    assert found == [MISS] * 4
+    h.finish_request(ctx)
+    monkeypatch.setattr(Job, "summarise", real)
+    assert not tier.breaker.is_open  # given back: lookups go on
+    ctx = h.new_request()
+    found, _ = h.lookup_until_resolved(keys, ctx)
+    assert found == [HIT] * 4
+    assert h.load(keys, ctx).tobytes() == rows.tobytes()
+    h.finish_request(ctx)
+    assert tier.breaker.state is BreakerState.CLOSED
