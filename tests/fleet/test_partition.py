@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.faults.common import STEP_BOUND_S
 from tests.netns import Fabric
 
@@ -83,6 +85,7 @@ class HostProcess:
 SERVERS: list[SharedServer] = [SharedRedis(), SharedMoto()]
 
 
+@pytest.mark.timeout(600)  # three hosts each import vLLM (tens of seconds on 2 cores)
 def test_a_host_cut_off_the_shared_tier_recomputes_and_comes_back(
         fabric: Fabric, tmp_path: Path) -> None:
     hosts = [fabric.add_host(name) for name in HOSTS]
@@ -155,6 +158,8 @@ def _check_untouched(h: HostTimeline, load_timeout_s: float) -> None:
     w = h.during
     assert w.requests and w.misses == 0 and w.hits == w.requests * 4, (h.name, w)
     assert w.resolve_max_ms < load_timeout_s * 1000, (h.name, w)
-    assert w.resolve_p50_ms < 2 * h.before.resolve_p50_ms + 10, (h.name, h.before, w)
+    # Loose on purpose: three hosts, moto and redis share 2 cores, so medians move with
+    # the machine; a host waiting on the cut one's dead link would wait seconds.
+    assert w.resolve_p50_ms < 3 * h.before.resolve_p50_ms + 50, (h.name, h.before, w)
     assert h.before.wrong == w.wrong == h.after.wrong == 0
     assert h.times_opened == 0 and h.breaker_open_s is None, h

@@ -15,8 +15,10 @@ from kvstore_tiers.tools.netem import link
 from kvstore_tiers.tools.netem.delay import delay_proxy
 
 RTT_MS = 200
-#: Scheduling slack on a busy 2-core machine: a delay may be this much late, never early.
-LATE_S = 0.08
+#: Scheduling slack on a busy 2-core machine (a CI run's other tests, the proxy's own
+#: process): a delay may be this much late, never early. Still well below what a wrong
+#: proxy costs: one more half RTT (0.1 s) per chunk, 4 s for the burst test's 40.
+LATE_S = 0.25
 
 
 class Peer:
