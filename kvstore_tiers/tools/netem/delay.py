@@ -37,16 +37,20 @@ import argparse
 import asyncio
 import contextlib
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections import deque
 from collections.abc import Iterator
 
 READ = 256 << 10
 WINDOW = 64 << 20
 CLONE_NEWNET = 0x40000000
+#: How long a proxy process may take to say it listens (it imports only asyncio).
+START_TIMEOUT_S = 30.0
 
 
 class _Pipe:
@@ -179,22 +183,30 @@ def delay_proxy(upstream: tuple[str, int], rtt_ms: float, *, host: str = "127.0.
         cmd += ["--netns", netns]
     if not handshake:
         cmd.append("--no-handshake")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().split()
-        if len(line) != 3 or line[0] != "listening":
-            proc.wait(timeout=10)
-            raise RuntimeError(f"delay proxy did not start: {proc.stderr.read().strip()}")
-        yield line[1], int(line[2])
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
+    # stderr to a file, not a pipe nobody drains while the proxy runs (a full pipe would
+    # block it); its start line is waited for with a bound, never read blindly.
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
         try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+            assert proc.stdout is not None
+            ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
+            line = proc.stdout.readline().split() if ready else []
+            if len(line) != 3 or line[0] != "listening":
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait(timeout=10)
+                err.seek(0)
+                raise RuntimeError(f"delay proxy did not start within {START_TIMEOUT_S:g} s: "
+                                   f"{err.read().strip()}")
+            yield line[1], int(line[2])
+        finally:
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.kill(proc.pid, signal.SIGKILL)
+                proc.wait()
 
 
 def main(argv: list[str] | None = None) -> None:
