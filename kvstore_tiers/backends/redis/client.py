@@ -189,6 +189,14 @@ def check_tls_files(cfg: RedisConfig) -> None:
             raise ConfigError(f"redis tier: key {key!r}: cannot read {path}: {reason}") from None
 
 
+def _checkout(pool: Any) -> Any:
+    """One connection of ``pool``: redis-py 6 and later take no argument, 5 a command name."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection("PING")
+
+
 def warm_pool(pool: Any, n: int) -> int:
     """Open ``n`` connections of ``pool`` at once, then give them all back: a fresh
     engine's first loads find them open, where a connection made on demand costs a far
@@ -199,7 +207,7 @@ def warm_pool(pool: Any, n: int) -> int:
     got: list[Any] = []
     try:
         with ThreadPoolExecutor(n, thread_name_prefix="kvstore_redis_warm") as ex:
-            for fut in [ex.submit(pool.get_connection) for _ in range(n)]:
+            for fut in [ex.submit(_checkout, pool) for _ in range(n)]:
                 try:
                     got.append(fut.result())
                 except Exception:

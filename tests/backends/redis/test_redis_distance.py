@@ -80,3 +80,26 @@ def test_the_load_threads_connections_are_open_after_start(redis_server: RedisSe
                           "eviction_events": "off"}], chunk_bytes=ROW)
         after = int(c.info("clients")["connected_clients"])
     assert after - before >= 6
+
+
+def test_warming_works_with_redis_py_5s_pool_signature() -> None:
+    """redis-py 5's ConnectionPool.get_connection requires a command name (6 and later
+    take none); the pyproject allows 5, so warming must open connections there too."""
+    from kvstore_tiers.backends.redis.client import warm_pool
+
+    class Pool5:
+        def __init__(self) -> None:
+            self.out: list[object] = []
+            self.back: list[object] = []
+
+        def get_connection(self, command_name: str, *keys: object, **options: object) -> object:
+            conn = object()
+            self.out.append(conn)
+            return conn
+
+        def release(self, conn: object) -> None:
+            self.back.append(conn)
+
+    pool = Pool5()
+    assert warm_pool(pool, 3) == 3
+    assert len(pool.out) == 3 and sorted(map(id, pool.back)) == sorted(map(id, pool.out))
