@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import mmap
 import threading
 import time
@@ -326,7 +327,14 @@ def subscribe(intake: Intake, tiers: list[Any], caching: Any) -> None:
     """Wire the caching tier ``caching`` (its ``intake``) to the tiers listed
     after it in ``tiers`` (vLLM's, in ``secondary_tiers`` order): each reports
     the blocks its loads verify to ``intake`` (``observe_loads``). Tiers that
-    are not ours (no ``observe_loads``) are left alone."""
+    are not ours (no ``observe_loads``) are left alone. A list without
+    ``caching`` (a vLLM whose manager keeps its tiers elsewhere) caches nothing,
+    and says so once, rather than leaving read-through off without a word."""
+    if not any(tier is caching for tier in tiers):
+        logging.getLogger(__name__).warning(
+            "read_through: the tiers vLLM built were not found (this vLLM keeps them "
+            "elsewhere); this tier caches nothing of the tiers after it")
+        return
     after = False
     for tier in tiers:
         if after and hasattr(tier, "observe_loads"):

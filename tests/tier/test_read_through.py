@@ -275,3 +275,39 @@ def test_a_tier_builds_with_a_spec_that_takes_no_weak_reference(harness_factory:
             assert tier.presence is not None
         finally:
             tier.shutdown()
+
+
+def test_subscribe_says_so_when_the_caching_tier_is_not_in_vllms_list() -> None:
+    """A vLLM that keeps its built tiers where compat does not look leaves read-through
+    with nothing to subscribe to: one warning says the tier caches nothing."""
+    import logging
+
+    from kvstore_tiers import readthrough
+
+    class Recorder(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    class Tier:
+        def __init__(self) -> None:
+            self.observed: list[Any] = []
+
+        def observe_loads(self, intake: Any) -> None:
+            self.observed.append(intake)
+
+    log = logging.getLogger("kvstore_tiers.readthrough")
+    rec = Recorder()
+    log.addHandler(rec)
+    try:
+        caching, later, intake = Tier(), Tier(), object()
+        readthrough.subscribe(intake, [later], caching)  # the list lacks the caching tier
+        assert later.observed == [] and any("caches nothing" in m for m in rec.messages)
+        rec.messages.clear()
+        readthrough.subscribe(intake, [caching, later], caching)
+        assert later.observed == [intake] and caching.observed == [] and rec.messages == []
+    finally:
+        log.removeHandler(rec)
