@@ -32,15 +32,22 @@ def _open_and_cool(tier: Any) -> None:
     breaker.state, breaker._opened_at = BreakerState.OPEN, -1e9  # opened, cooled down
 
 
-def test_a_probe_store_of_blocks_held_already_lets_a_load_probe(
-        harness_factory, tmp_path) -> None:
+def _stored_then_cooled(harness_factory: Any, tmp_path: Any, seed: int) -> tuple[Any, Any, Any]:
+    """A harness whose tier holds 4 blocks (not in the primary) and whose circuit has
+    opened and cooled down: the next job is the half-open probe."""
     h = harness_factory([flaky_tier(tmp_path)], num_chunks=16, chunk_bytes=ROW)
-    tier = h.tiers[0]
-    keys = make_keys(4, seed=31)
+    keys = make_keys(4, seed=seed)
     rows = rows_for(keys, ROW)
     h.store_all(keys, rows)
     h.forget_primary()
-    _open_and_cool(tier)
+    _open_and_cool(h.tiers[0])
+    return h, keys, rows
+
+
+def test_a_probe_store_of_blocks_held_already_lets_a_load_probe(
+        harness_factory, tmp_path) -> None:
+    h, keys, rows = _stored_then_cooled(harness_factory, tmp_path, seed=31)
+    tier = h.tiers[0]
     # the first job after the cooldown: a store of blocks the tier holds (nothing to write)
     submit_stores(h, [(900, keys, [0, 1, 2, 3])])
     assert results(h, 1)[900].success
@@ -82,13 +89,8 @@ def test_a_probe_whose_outcome_is_unknown_is_given_back(
     backend answered is unknown) proved nothing about the backend: the next job probes."""
     from kvstore_tiers.job import Job
 
-    h = harness_factory([flaky_tier(tmp_path)], num_chunks=16, chunk_bytes=ROW)
+    h, keys, rows = _stored_then_cooled(harness_factory, tmp_path, seed=35)
     tier = h.tiers[0]
-    keys = make_keys(4, seed=35)
-    rows = rows_for(keys, ROW)
-    h.store_all(keys, rows)
-    h.forget_primary()
-    _open_and_cool(tier)
     real = Job.summarise
 
     def broken(self: Job) -> Any:
