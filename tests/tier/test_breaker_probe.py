@@ -44,20 +44,25 @@ def _stored_then_cooled(harness_factory: Any, tmp_path: Any, seed: int) -> tuple
     return h, keys, rows
 
 
-def test_a_probe_store_of_blocks_held_already_lets_a_load_probe(
-        harness_factory, tmp_path) -> None:
-    h, keys, rows = _stored_then_cooled(harness_factory, tmp_path, seed=31)
-    tier = h.tiers[0]
-    # the first job after the cooldown: a store of blocks the tier holds (nothing to write)
-    submit_stores(h, [(900, keys, [0, 1, 2, 3])])
-    assert results(h, 1)[900].success
-    # the next job is the probe: a load, which the healthy backend serves
+def _probe_load_closes_the_circuit(h: Any, keys: Any, rows: Any) -> None:
+    """The next job is a load of ``keys``: the healthy backend serves ``rows`` byte for
+    byte, and that probe closes the circuit."""
     ctx = h.new_request()
     found, _ = h.lookup_until_resolved(keys, ctx)
     assert found == [HIT] * 4
     assert h.load(keys, ctx).tobytes() == rows.tobytes()
     h.finish_request(ctx)
-    assert tier.breaker.state is BreakerState.CLOSED
+    assert h.tiers[0].breaker.state is BreakerState.CLOSED
+
+
+def test_a_probe_store_of_blocks_held_already_lets_a_load_probe(
+        harness_factory, tmp_path) -> None:
+    h, keys, rows = _stored_then_cooled(harness_factory, tmp_path, seed=31)
+    # the first job after the cooldown: a store of blocks the tier holds (nothing to write)
+    submit_stores(h, [(900, keys, [0, 1, 2, 3])])
+    assert results(h, 1)[900].success
+    # the next job is the probe: a load, which the healthy backend serves
+    _probe_load_closes_the_circuit(h, keys, rows)
 
 
 def test_a_probe_store_dropped_for_backpressure_lets_the_next_job_probe(
@@ -103,9 +108,4 @@ def test_a_probe_whose_outcome_is_unknown_is_given_back(
     h.finish_request(ctx)
     monkeypatch.setattr(Job, "summarise", real)
     assert not tier.breaker.is_open  # given back: lookups go on
-    ctx = h.new_request()
-    found, _ = h.lookup_until_resolved(keys, ctx)
-    assert found == [HIT] * 4
-    assert h.load(keys, ctx).tobytes() == rows.tobytes()
-    h.finish_request(ctx)
-    assert tier.breaker.state is BreakerState.CLOSED
+    _probe_load_closes_the_circuit(h, keys, rows)
