@@ -66,7 +66,8 @@ class CodecSet:
     ``encode`` returns ``(codec_id, payload)``: the payload is a bytes-like
     object, possibly the input view itself when compression does not pay
     (the frame then records ``NONE``). ``decode_into`` writes exactly
-    ``len(dest)`` bytes into ``dest`` or raises :class:`ObjectCorrupt`.
+    ``len(dest)`` bytes into ``dest`` or raises :class:`ObjectCorrupt`; a
+    compressed payload may be a view of ``dest`` itself.
     """
 
     def __init__(self) -> None:
@@ -139,5 +140,8 @@ class CodecSet:
         if len(hi) != half:
             raise ObjectCorrupt("kvsplit high plane has the wrong length")
         pairs = np.frombuffer(dest, dtype=np.uint8).reshape(-1, 2)
+        lo = np.frombuffer(view[lo_off:], dtype=np.uint8)
+        if np.may_share_memory(lo, pairs):  # read into the row: the planes interleave over it
+            lo = lo.copy()
         pairs[:, 1] = np.frombuffer(hi, dtype=np.uint8)
-        pairs[:, 0] = np.frombuffer(view[lo_off:], dtype=np.uint8)
+        pairs[:, 0] = lo

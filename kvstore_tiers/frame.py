@@ -38,23 +38,25 @@ and the decoded bytes' checksum; any mismatch is
 This module is the only one that reads or writes a frame. What the others call:
 
 * :meth:`FrameCodec.encode` -- a row into ``(header, payload)`` (stores);
-* :data:`CHECKSUM_AT` -- where the fs publish call puts the CRC it computed of a raw row;
-* :meth:`FrameCodec.decode_into` -- a whole frame into a row (backends that
-  get an object in one piece: s3, redis pipelines, the memory plugin);
-* :meth:`FrameCodec.receive` -- a frame read header first (fs, the redis fast
-  path): it checks the header and says where the rest of the payload goes
-  (straight into the row when it is raw); :meth:`FrameReceiver.finish` then
-  verifies or decodes. ``decode_into`` is ``receive`` + ``finish``, so every
-  load runs the same checks;
+* :data:`CHECKSUM_AT` -- where a writer that checksums the row as it writes
+  it puts the CRC (:class:`~kvstore_tiers.backends.base.Write`);
+* :meth:`FrameCodec.plan_reads` -- a batch of loads planned as scatter reads:
+  the buffers a backend fills with each object's bytes (a header's worth, the
+  row itself, a tail), then :meth:`FrameRead.finish` checks the header and
+  verifies the row in place or decodes the payload into it. The backend
+  moves bytes; it never sees a header;
+* :meth:`FrameCodec.decode_into` -- a whole frame into a row (an object that
+  did not fit its plan, and operators' tools);
 * :func:`verify_frame` -- the load's checks for an operator's ``verify``;
 * :func:`created_ms` -- the writer's clock from an object's first bytes.
 """
 
 from __future__ import annotations
 
+import mmap
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import crc32c
@@ -72,11 +74,10 @@ _FIXED = struct.Struct("<4sHBBIHHQQQ16sQ")
 HEADER_FIXED = _FIXED.size  # 64
 #: The checksum's offset (the layout above): an ``unsummed`` frame's writer puts it there.
 CHECKSUM_AT = struct.calcsize("<4sHBBIHHQQ")
-#: Bytes a remote reader takes first (:meth:`FrameCodec.receive`): a whole
-#: header padded to at most 64 bytes is in them (the fs tier reads a page).
-FIRST_READ = 256
-#: Bytes of an object that :func:`created_ms` needs (a listing reads no more).
-LISTING_READ = HEADER_FIXED
+#: Bytes a load reads past the end of a planned frame (its header and row):
+#: an encrypted frame's nonce and tag, or a header padded further than this
+#: tier pads, still arrive in the one read (:meth:`FrameCodec.plan_reads`).
+TAIL_READ = 256
 assert HEADER_FIXED == 64
 #: Flags byte: the payload is AES-GCM sealed.
 FLAG_ENCRYPTED = 0x01
@@ -208,6 +209,7 @@ class FrameCodec:
         self.header_align = header_align
         self.cipher = cipher
         self._codecs = CodecSet()
+        self._scratch: mmap.mmap | None = None  # plan_reads' header and tail buffers
 
     @property
     def raw_payloads(self) -> bool:
@@ -251,56 +253,65 @@ class FrameCodec:
         On success ``dest`` holds the verified raw bytes. On
         :class:`ObjectCorrupt` ``dest`` may hold garbage and must not be used.
         """
-        receiver = self.receive(key, frame, len(frame), dest)
-        receiver.finish()
-        return receiver.header
+        header = self._checked_header(key, frame, len(frame), len(dest))
+        self.decode_payload_into(header, memoryview(frame)[header.header_len:], dest)
+        return header
 
-    def receive(self, key: bytes, head: bytes | bytearray | memoryview, size: int,
-                dest: memoryview, scratch: Callable[[int], memoryview] | None = None,
-                ) -> FrameReceiver:
-        """Start receiving the frame of ``key``, of ``size`` bytes, into ``dest``.
+    def plan_reads(self, keys: Sequence[bytes], dests: Sequence[memoryview]) -> list[FrameRead]:
+        """Plan the loads of the frames of ``keys`` into the rows ``dests`` as
+        scatter reads, one :class:`FrameRead` each.
 
-        ``head`` is the object's first bytes (at least its whole header; any
-        payload bytes after it are used too). The header is parsed and checked
-        here (magic, version, key, namespace, lengths, encryption); a mismatch
-        raises :class:`ObjectCorrupt` before any byte lands in ``dest``. The
-        returned receiver says where the rest goes: ``remaining`` (exactly the
-        bytes at object offset ``offset`` to the end) is a view of ``dest``
-        itself for a raw payload (``direct``), else of ``scratch(stored_len)``
-        (a fresh bytearray without ``scratch``). Fill it, then call
-        :meth:`FrameReceiver.finish`.
-        """
+        Each read's buffers are a header's worth (this tier's header of that
+        key), the row itself, and :data:`TAIL_READ` bytes (at least the header
+        alignment): a raw frame lands with its payload in the row, and any
+        frame of this key and row length lands whole. The header and tail
+        buffers are this codec's (its thread's), page aligned where the
+        header alignment is a page, and reused by the next call: finish every
+        read before planning more on the same thread."""
+        align = self.header_align
+        tail = max(TAIL_READ, align)
+        heads = [header_length(len(k), align) for k in keys]
+        arena = self._arena(sum(heads) + tail * len(keys))
+        reads: list[FrameRead] = []
+        pos = 0
+        for key, dest, hlen in zip(keys, dests, heads, strict=True):
+            parts = (arena[pos:pos + hlen], dest, arena[pos + hlen:pos + hlen + tail])
+            reads.append(FrameRead(self, key, parts))
+            pos += hlen + tail
+        return reads
+
+    def _arena(self, n: int) -> memoryview:
+        """This codec's scratch of at least ``n`` bytes, page aligned (anonymous
+        mmap memory is, so direct I/O into it works as into the rows)."""
+        if self._scratch is None or len(self._scratch) < n:
+            # The old map is dropped, not closed: a view of it may still be alive.
+            self._scratch = mmap.mmap(-1, max(n, mmap.PAGESIZE))
+        return memoryview(self._scratch)
+
+    def _checked_header(self, key: bytes, head: bytes | memoryview, size: int,
+                        raw_len: int) -> FrameHeader:
+        """The header at the start of ``head`` of an object of ``size`` bytes,
+        checked as the frame of ``key`` with a row of ``raw_len`` bytes that this
+        codec can read (encrypted exactly when it has a cipher)."""
         header = parse_header(head)
-        check_header(header, key=key, namespace=self.namespace, raw_len=len(dest))
-        if size != header.total_len or len(head) > size:
+        check_header(header, key=key, namespace=self.namespace, raw_len=raw_len)
+        if size != header.total_len:
             raise ObjectCorrupt(f"object is {size} bytes, frame says {header.total_len}")
-        hlen = header.header_len
-        if hlen > len(head):
-            raise ObjectCorrupt("frame header is longer than the bytes read before the payload")
         if header.encrypted != (self.cipher is not None):
             raise ObjectCorrupt("encrypted frame but no key configured" if header.encrypted
                                 else "unencrypted frame in an encrypted tier")
-        in_head = len(head) - hlen  # payload bytes already read with the header
-        view = memoryview(head)
-        direct = header.codec == CodecId.NONE  # raw and unencrypted: the payload is the row
-        if direct:
-            payload = dest
-            payload[:in_head] = view[hlen:]
-        elif in_head == header.stored_len:  # all here already: decode from ``head``, no copy
-            payload = view[hlen:]
-        else:
-            payload = (scratch(header.stored_len)[: header.stored_len] if scratch is not None
-                       else memoryview(bytearray(header.stored_len)))
-            payload[:in_head] = view[hlen:]
-        return FrameReceiver(self, header, dest, payload, len(head), payload[in_head:], direct)
+        return header
 
     def decode_payload_into(
         self, header: FrameHeader, payload: bytes | memoryview, dest: memoryview
     ) -> None:
         """Decode a checked header's payload into ``dest`` and verify its checksum.
 
-        With a cipher configured only encrypted frames are accepted (and vice
-        versa); authentication failure is ObjectCorrupt.
+        ``payload`` may be a view of ``dest`` itself (a compressed or sealed
+        payload read into the row): the codecs and the cipher read it whole
+        before they write the row. With a cipher configured only encrypted
+        frames are accepted (and vice versa); authentication failure is
+        ObjectCorrupt.
         """
         if header.encrypted != (self.cipher is not None):
             raise ObjectCorrupt("encrypted frame but no key configured" if header.encrypted
@@ -324,51 +335,72 @@ class FrameCodec:
             raise ObjectCorrupt("checksum mismatch")
 
 
-class FrameReceiver:
-    """A frame whose checked header has arrived and whose payload is on its way.
+class Unplanned(Exception):
+    """The object is longer than its read plan: no frame of this key and row
+    length as this tier writes them, but perhaps one a writer padded further.
+    The caller reads it whole (:meth:`FrameCodec.decode_into`), which decides."""
 
-    Made by :meth:`FrameCodec.receive`. The backend reads the object's bytes
-    from ``offset`` to its end into ``remaining`` (exactly that many bytes),
-    then calls :meth:`finish`. ``direct`` says ``remaining`` is a view of the
-    row itself (a raw payload: no copy, no decode).
+
+class FrameRead:
+    """One frame's load planned as a scatter read (:meth:`FrameCodec.plan_reads`).
+
+    A backend fills ``parts`` -- the header's buffer, the row ``dest``, a
+    tail -- with the object's bytes from its start, then :meth:`finish`
+    checks and verifies. ``crc_part`` (the row, for a tier whose frames carry
+    rows as they are; else None) is the part whose CRC-32C the reader may
+    compute while the bytes are hot and hand to :meth:`finish`.
     """
 
-    __slots__ = ("_codec", "dest", "direct", "header", "offset", "payload", "remaining")
+    __slots__ = ("_codec", "crc_part", "dest", "key", "parts")
 
-    def __init__(self, codec: FrameCodec, header: FrameHeader, dest: memoryview,
-                 payload: memoryview, offset: int, remaining: memoryview, direct: bool) -> None:
+    def __init__(self, codec: FrameCodec, key: bytes,
+                 parts: tuple[memoryview, memoryview, memoryview]) -> None:
         self._codec = codec
-        #: The parsed, checked header.
-        self.header = header
-        #: The row the frame decodes into.
-        self.dest = dest
-        #: The whole payload's buffer (``dest`` when ``direct``).
-        self.payload = payload
-        #: Object offset of the first byte ``remaining`` takes.
-        self.offset = offset
-        #: Where the rest of the object goes: its length is what is left to read.
-        self.remaining = remaining
-        #: True when the payload lands in ``dest`` as is (raw, unencrypted).
-        self.direct = direct
+        self.key = key
+        self.parts = parts
+        self.dest = parts[1]
+        self.crc_part = 1 if codec.raw_payloads else None
 
-    def finish(self, dest_checksum: int | None = None) -> int | None:
-        """Verify (raw) or decode (compressed, encrypted) the received payload
-        into the row; returns the row's CRC-32C (:attr:`FrameHeader.row_checksum`).
-        Raises :class:`ObjectCorrupt` on any mismatch (``dest`` is then unusable).
+    def finish(self, placed: int, size: int, crc: int | None = None) -> int | None:
+        """The read put ``placed`` bytes of an object of ``size`` into the parts
+        (``crc``: the row part's CRC-32C, if the reader computed it): check the
+        header, then verify the row in place (a raw payload where the plan put
+        it) or decode the payload into it. Returns the row's CRC-32C
+        (:attr:`FrameHeader.row_checksum`).
 
-        ``dest_checksum``: ``dest``'s CRC-32C as it now is, computed by the
-        reader in the GIL-free call that filled it (raw payloads only)."""
-        if self.direct:
-            self._codec.verify(self.header, self.dest, dest_checksum)
-        else:
-            self._codec.decode_payload_into(self.header, self.payload, self.dest)
-        return self.header.row_checksum
+        Raises :class:`ObjectCorrupt` for anything but this key's frame in
+        this namespace (``dest`` is then unusable), :class:`Unplanned` for an
+        object longer than the parts."""
+        head, dest = self.parts[0], self.dest
+        if placed < size:
+            raise Unplanned(f"object of {size} bytes is longer than its read plan")
+        if placed != size:
+            raise ObjectCorrupt(f"read placed {placed} bytes of an object of {size}")
+        codec = self._codec
+        header = codec._checked_header(self.key, head[:placed], size, len(dest))
+        hlen = header.header_len
+        if hlen == len(head):
+            if header.codec == CodecId.NONE:  # the row is in place: verify it
+                codec.verify(header, dest, crc)
+                return header.checksum
+            if header.stored_len <= len(dest):  # the payload is in the row: decode in place
+                codec.decode_payload_into(header, dest[:header.stored_len], dest)
+                return header.row_checksum
+        codec.decode_payload_into(header, self._gather(hlen, size), dest)
+        return header.row_checksum
 
-    def raw_payload_at(self, offset: int) -> bool:
-        """True when the row is the object's bytes from ``offset`` on as they are
-        (a raw payload right after a header of ``offset`` bytes): a reader that
-        put those bytes into ``dest`` has nothing left to read."""
-        return self.direct and self.header.header_len == offset
+    def _gather(self, start: int, stop: int) -> memoryview:
+        """A copy of the object's bytes ``[start, stop)`` from the parts (a
+        payload that straddles them: an encrypted raw row, a foreign header)."""
+        out = memoryview(bytearray(stop - start))
+        pos = got = 0
+        for part in self.parts:
+            lo, hi = max(start, pos), min(stop, pos + len(part))
+            if lo < hi:
+                out[got:got + hi - lo] = part[lo - pos:hi - pos]
+                got += hi - lo
+            pos += len(part)
+        return out
 
 
 def verify_frame(frame: bytes | bytearray | memoryview, key: bytes,

@@ -53,8 +53,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 from vllm.v1.kv_offload.base import Locality, Medium, OffloadingEvent
 from vllm.v1.kv_offload.tiering.base import JobResult
 
-from kvstore_tiers.backends.base import Backend, LoadItem, LoadMany, Result, StoreItem
-from kvstore_tiers.batching import batch_calls
+from kvstore_tiers import batching
+from kvstore_tiers.backends.base import Backend
+from kvstore_tiers.batching import LoadItem, LoadMany, StoreItem, StoreMany
 from kvstore_tiers.errors import Cancelled, ObjectCorrupt, classify, detached
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.loadtrace import LoadTrace
@@ -175,16 +176,17 @@ class TransferContext:
     #: whoever composes the tiers; None: no one listens, and a load pays this
     #: one test for it.
     observer: LoadObserver | None = None
-    #: The backend's batch calls, chosen once (:func:`kvstore_tiers.batching.batch_calls`).
-    store_many: Callable[[Sequence[StoreItem], FrameCodec], list[Result]] = field(init=False)
-    load_many: Callable[[Sequence[LoadItem], FrameCodec], list[Result]] = field(init=False)
+    #: The batch calls of :mod:`kvstore_tiers.batching` bound to the backend
+    #: (and the load trace's marks), once.
+    store_many: StoreMany = field(init=False)
+    load_many: LoadMany = field(init=False)
 
     def __post_init__(self) -> None:
-        store, load = batch_calls(self.backend)
-        object.__setattr__(self, "store_many", store)  # frozen: set once, here
-        object.__setattr__(self, "load_many", load)
-        if self.trace is not None:
-            self.backend.trace_mark = self.trace.mark  # what the backend does inside its call
+        backend, mark = self.backend, None if self.trace is None else self.trace.mark
+        object.__setattr__(self, "store_many",  # frozen: set once, here
+                           lambda items, codec: batching.store_many(backend, items, codec))
+        object.__setattr__(self, "load_many",
+                           lambda items, codec: batching.load_many(backend, items, codec, mark))
 
 
 class Job(PoolJob):

@@ -12,10 +12,11 @@ is atomic: no lock), stamped with ``time.monotonic()``, the clock of vLLM's
 
 * the I/O thread running a load batch: when it took the batch, when the
   backend's batch call (``load_many``) started and returned, when the batch
-  was done (rows landed), and the marks the backend made inside its call
-  (:meth:`LoadTrace.mark`; fs: ``read`` and ``read_end`` around its one
-  GIL-free read, which also checksums the rows, then ``frame`` as each
-  item's frame is verified and decoded);
+  was done (rows landed), and the marks made inside that call
+  (:meth:`LoadTrace.mark`, by :func:`kvstore_tiers.batching.load_many`:
+  ``read`` as the backend's reads start, ``read_end`` when the first one
+  completes -- for fs, its one GIL-free read, which also checksums the rows
+  -- then ``frame`` as each item's frame is verified and decoded);
 * the thread finishing the job: when it hands the job to the pool's
   ``finished`` deque (the end of :meth:`Job.finish <kvstore_tiers.job.Job.finish>`,
   which the append follows), with vLLM's submit time;
@@ -40,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from kvstore_tiers.errors import ConfigError
 
 if TYPE_CHECKING:
-    from kvstore_tiers.backends.base import LoadItem, LoadMany, Result
+    from kvstore_tiers.batching import LoadItem, LoadMany, Result
     from kvstore_tiers.frame import FrameCodec
 
 logger = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class LoadTrace:
                                  time.monotonic(), batch.marks))
 
     def mark(self, stage: str) -> None:
-        """Inside a backend's batch call: ``stage`` happened now (no batch open: ignored)."""
+        """Inside a load batch call: ``stage`` happened now (no batch open: ignored)."""
         batch = getattr(self._local, "batch", None)
         if batch is not None:
             batch.marks.append((stage, time.monotonic()))

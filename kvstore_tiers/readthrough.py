@@ -59,7 +59,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from kvstore_tiers.backends.base import LoadItem
+from kvstore_tiers.batching import LoadItem
 from kvstore_tiers.frame import FrameCodec, checksum
 from kvstore_tiers.job import Job, PrimaryRows, TransferContext, run_slots
 from kvstore_tiers.metrics import TierCounters

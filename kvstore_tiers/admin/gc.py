@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvstore_tiers.admin.store import open_store
+from kvstore_tiers.admin.store import listed, open_store
 from kvstore_tiers.backends.base import Backend, ObjectInfo
 from kvstore_tiers.errors import ConfigError
 
@@ -83,7 +83,7 @@ def gc_store(backend: Backend, *, max_age_s: float | None = None,
         raise ConfigError("gc needs a maximum age and/or a maximum size")
     now = time.time() if now is None else now
     objs: list[ObjectInfo] = []
-    for obj in backend.iter_objects(f"{namespace}/" if namespace else ""):
+    for obj in listed(backend, f"{namespace}/" if namespace else ""):
         objs.append(obj)
         if progress is not None and len(objs) % 1000 == 0:
             progress("listing", len(objs), None)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvstore_tiers.admin.store import describe_run_config, namespace_of, read_run_config
+from kvstore_tiers.admin.store import describe_run_config, listed, namespace_of, read_run_config
 from kvstore_tiers.backends.base import Backend
 
 #: Upper bounds (seconds) of the age histogram buckets; the last one is open.
@@ -65,7 +65,7 @@ def collect_stats(backend: Backend, namespace: str | None = None, now: float | N
     """
     now = time.time() if now is None else now
     st = StoreStats()
-    for obj in backend.iter_objects(f"{namespace}/" if namespace else ""):
+    for obj in listed(backend, f"{namespace}/" if namespace else ""):
         ns = st.namespaces.setdefault(namespace_of(obj.name), NamespaceStats())
         ns.objects += 1
         ns.bytes += obj.size

@@ -10,15 +10,16 @@ bucket listed without its ``prefix``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from kvstore_tiers.admin.config import validate_tier
-from kvstore_tiers.backends.base import Backend
+from kvstore_tiers.backends.base import Backend, ObjectInfo
 from kvstore_tiers.errors import ConfigError, ObjectMissing
-from kvstore_tiers.frame import NAMESPACE_DIGEST_BYTES
+from kvstore_tiers.frame import NAMESPACE_DIGEST_BYTES, created_ms
 from kvstore_tiers.namespace import Namespace
 
 #: The namespace an admin store is opened with: the empty name puts its base
@@ -97,3 +98,15 @@ def describe_run_config(cfg: Mapping[str, Any] | None) -> dict[str, str]:
             "layout": " ".join(parts) or "?",
             # Digests cut to 12 characters: enough to tell revisions apart at a glance.
             "identity": " ".join(f"{k}={str(v)[:12]}" for k, v in identity.items()) or "off"}
+
+
+def listed(backend: Backend, prefix: str = "") -> Iterator[ObjectInfo]:
+    """``backend.iter_objects(prefix)``, every object's ``mtime`` known: where the
+    store keeps no write time (redis), the time its frame's writer recorded
+    (:func:`~kvstore_tiers.frame.created_ms` of the listed first bytes; 0 for an
+    object that is not a frame)."""
+    for obj in backend.iter_objects(prefix):
+        if obj.mtime is None:
+            ms = created_ms(obj.head) if obj.head else None
+            obj = dataclasses.replace(obj, mtime=0.0 if ms is None else ms / 1000.0, head=None)
+        yield obj

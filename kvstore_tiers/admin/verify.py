@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvstore_tiers.admin.store import namespace_of
+from kvstore_tiers.admin.store import listed, namespace_of
 from kvstore_tiers.backends.base import Backend, Buffer, ObjectInfo
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing
@@ -77,7 +77,7 @@ def verify_store(backend: Backend, *, sample: int | None = None, delete: bool = 
                  progress: Callable[[int, int], None] | None = None) -> VerifyReport:
     """Read every object (or a random ``sample`` of them) and check it with
     :func:`verify_object`; with ``delete`` remove the corrupt ones."""
-    objs: list[ObjectInfo] = list(backend.iter_objects(f"{namespace}/" if namespace else ""))
+    objs: list[ObjectInfo] = list(listed(backend, f"{namespace}/" if namespace else ""))
     if sample is not None and sample < len(objs):
         objs = random.Random(seed).sample(objs, sample)
     rep = VerifyReport()

@@ -1,12 +1,14 @@
 """The backend contract: put, get, check and delete bytes.
 
-A backend knows nothing of vLLM, rows or threads. The core hands it object
-names (:mod:`kvstore_tiers.naming`) and whole frames, from its I/O threads,
-and turns the backend's three kinds of error (:mod:`kvstore_tiers.errors`)
-into misses and failed jobs. A new backend is one package: subclass
-:class:`Backend`, declare a :class:`~kvstore_tiers.config.TierConfig`
-subclass with its keys, register it under the ``kvstore_tiers.backends``
-entry-point group, and subclass
+A backend knows nothing of vLLM, rows, frames or threads. The core hands it
+object names (:mod:`kvstore_tiers.naming`) and buffers, from its I/O
+threads, and turns the backend's three kinds of error
+(:mod:`kvstore_tiers.errors`) into misses and failed jobs. What the bytes
+mean (a frame: header, payload, checksum) is the core's alone
+(:mod:`kvstore_tiers.frame`, :mod:`kvstore_tiers.batching`). A new backend is
+one package: subclass :class:`Backend`, declare a
+:class:`~kvstore_tiers.config.TierConfig` subclass with its keys, register it
+under the ``kvstore_tiers.backends`` entry-point group, and subclass
 :class:`kvstore_tiers.testing.backend.BackendTests` in its tests.
 
 Contract of the data methods (called concurrently from several threads):
@@ -19,16 +21,26 @@ Contract of the data methods (called concurrently from several threads):
 * ``exists_many(names)`` returns one bool per name, in order.
 * ``delete(name)`` removes an object; a missing one is not an error.
 * ``iter_objects(prefix)`` yields :class:`ObjectInfo` for administration.
+* ``write_many(writes)`` is a gather write of a batch (:class:`Write`): per
+  write, the bytes written, 0 if the object existed, or the error; it never
+  raises. Default: ``put`` each.
+* ``read_many(reads)`` is a scatter read of a batch (:class:`Read`): each
+  object's bytes from its start into the caller's buffers, in order; per
+  read ``(index, (bytes placed, object size, crc))`` or ``(index, error)``,
+  as each read completes (in any order); it never raises. Default: ``get``
+  each and copy.
+
+A backend overrides ``write_many``/``read_many`` only to move the bytes its
+own way (pipelined requests, requests in flight at once, one GIL-free call);
+what is read or written, and the batch sizes, are the core's.
 
 Optional capabilities, each declared by a ``supports_*`` flag with its
 methods (the core reads the flags, never compares methods):
 ``delete_many`` (one native batch; default: a loop over ``delete``),
-``touch_many`` (refresh LRU/TTL; default: nothing), ``read_into`` (a
-zero-copy load of one frame through :meth:`FrameCodec.receive`),
-``store_many``/``load_many`` (a batch done natively: pipelined requests,
-one GIL-free call; the default loops are the core's,
-:mod:`kvstore_tiers.batching`) and ``capacity_usage``/``object_bytes`` (how
-full the store is: the signal of ``admission: adaptive``). A store that
+``touch_many`` (refresh LRU/TTL; default: nothing), ``crc32c`` (the reads
+and writes compute the CRC-32C of one buffer while its bytes pass: see
+:class:`Read` and :class:`Write`), and ``capacity_usage``/``object_bytes``
+(how full the store is: the signal of ``admission: adaptive``). A store that
 evicts on its own reports it through its :attr:`Backend.evictions` log
 (:mod:`kvstore_tiers.backends.eviction_log`).
 """
@@ -36,56 +48,79 @@ evicts on its own reports it through its :attr:`Backend.evictions` log
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from kvstore_tiers.config import TierConfig
+from kvstore_tiers.errors import classify
 
 if TYPE_CHECKING:
     from kvstore_tiers.backends.eviction_log import EvictionLog
-    from kvstore_tiers.frame import FrameCodec
 
 Buffer = bytes | bytearray | memoryview
 
 
-@dataclass(slots=True)
-class StoreItem:
-    """One row to store: object ``name`` of block ``key`` from ``src``.
-
-    ``crc``: the CRC-32C of ``src``, when the caller computed it over these very
-    bytes (a read-through fill); the frame then takes it instead of computing
-    it again."""
-
-    name: str
-    key: bytes
-    src: memoryview
-    crc: int | None = None
+#: Bytes of an object's start that a listing of a store keeping no write time
+#: returns in :attr:`ObjectInfo.head`, for the core to read the time from.
+LISTING_HEAD = 64
 
 
 @dataclass(slots=True)
-class LoadItem:
-    """One row to load: object ``name`` of block ``key`` into ``dest``.
+class Write:
+    """One object to write: ``parts`` back to back as ``name``.
 
-    ``crc``: set by the backend once the row is verified, to what the frame
-    checks answer (:meth:`FrameReceiver.finish
-    <kvstore_tiers.frame.FrameReceiver.finish>`): the row's CRC-32C, or None
-    where the frame carries none (encrypted) or the backend does not say."""
+    ``crc``: ``(i, at)`` asks a backend that ``supports_crc32c`` to compute the
+    CRC-32C of ``parts[i]`` while writing it and to write it, as 8 bytes
+    little-endian, at offset ``at`` of the object (within ``parts[0]``, whose
+    own bytes there are ignored), before the object becomes visible; None: the
+    bytes are written as they are. The core asks only a backend with the
+    capability."""
 
     name: str
-    key: bytes
-    dest: memoryview
-    crc: int | None = None
+    parts: Sequence[Buffer]
+    crc: tuple[int, int] | None = None
 
 
-#: One item's result from ``store_many``/``load_many``: frame bytes moved
-#: (stores: 0 = the object existed already) or the item's error.
-Result = int | BaseException
+@dataclass(slots=True)
+class Read:
+    """One object to read: its bytes, from its start, into ``parts`` in order.
+
+    ``crc_part``: the index of the buffer whose CRC-32C a backend that
+    ``supports_crc32c`` computes as its bytes land (None: no checksum asked)."""
+
+    name: str
+    parts: Sequence[memoryview]
+    crc_part: int | None = None
 
 
-#: A batch call: items and the thread's codec in, one result per item out.
-StoreMany = Callable[[Sequence["StoreItem"], "FrameCodec"], list["Result"]]
-LoadMany = Callable[[Sequence["LoadItem"], "FrameCodec"], list["Result"]]
+#: What one read gave: (bytes placed into the parts, the object's whole size,
+#: the CRC-32C of the asked part or None). ``placed`` is ``min(size,
+#: capacity of the parts)``: an object longer than the parts fills them and
+#: the rest is not read. The crc is given only when that part was filled whole.
+Placed = tuple[int, int, int | None]
+#: A write's result: bytes written (0: the object existed and was left
+#: alone), or the write's error.
+Written = int | BaseException
+#: A read's result as :meth:`Backend.read_many` yields it: the read's index
+#: in the batch and what it placed, or its error.
+ReadDone = tuple[int, Placed | BaseException]
+
+
+def scatter(data: Buffer, parts: Sequence[memoryview]) -> int:
+    """Copy the start of ``data`` into ``parts`` in order; returns the bytes placed.
+
+    For a backend whose transport hands it whole objects (the default
+    :meth:`Backend.read_many`, an HTTP body)."""
+    src = memoryview(data)
+    pos = 0
+    for part in parts:
+        take = min(len(part), len(src) - pos)
+        if take <= 0:
+            break
+        part[:take] = src[pos:pos + take]
+        pos += take
+    return pos
 
 
 class StoreNamespace(Protocol):
@@ -118,11 +153,17 @@ class IOTuning:
 
 @dataclass(frozen=True, slots=True)
 class ObjectInfo:
-    """One stored object, as listed by :meth:`Backend.iter_objects`."""
+    """One stored object, as listed by :meth:`Backend.iter_objects`.
+
+    ``mtime``: when it was written, in seconds since the epoch; None where the
+    store keeps no write time, and then ``head`` holds the object's first
+    :data:`LISTING_HEAD` bytes (fewer for a shorter object), from which the
+    core reads the time its writer recorded."""
 
     name: str
     size: int
-    mtime: float
+    mtime: float | None
+    head: bytes | None = None
 
 
 class Backend(ABC):
@@ -141,19 +182,13 @@ class Backend(ABC):
     supports_delete_many: ClassVar[bool] = False
     #: ``touch_many`` does something (LRU / TTL refresh): the core sends it touches.
     supports_touch: ClassVar[bool] = False
-    #: ``read_into`` is implemented (a zero-copy load path).
-    supports_read_into: ClassVar[bool] = False
+    #: ``read_many``/``write_many`` compute a CRC-32C where a Read or Write asks.
+    supports_crc32c: ClassVar[bool] = False
     #: ``capacity_usage`` can tell how full the store is (adaptive admission's signal).
     supports_capacity: ClassVar[bool] = False
-    #: ``store_many``/``load_many`` do a batch natively (else the core's loops).
-    supports_batches: ClassVar[bool] = False
     #: What the store removed on its own, where it evicts (set by the backend,
     #: at latest in :meth:`open`); None: it never evicts.
     evictions: EvictionLog | None = None
-    #: With the load trace on (:mod:`kvstore_tiers.loadtrace`), set by the
-    #: core: ``trace_mark(stage)`` inside ``load_many`` notes that ``stage``
-    #: happened now; None (off) a backend marks nothing.
-    trace_mark: Callable[[str], None] | None = None
 
     def __init__(self, config: Any, namespace: StoreNamespace) -> None:
         self.config = config
@@ -230,20 +265,27 @@ class Backend(ABC):
         may do I/O (one small request), may raise."""
         return None
 
-    def read_into(self, item: LoadItem, codec: FrameCodec) -> int:
-        """Load one frame into ``item.dest``: its header first, then the payload
-        straight into the row (:meth:`FrameCodec.receive`); returns the frame's
-        size. Raises the item's error. Only with ``supports_read_into``."""
-        raise NotImplementedError(f"{type(self).__name__} does not support read_into")
+    def write_many(self, writes: Sequence[Write]) -> list[Written]:
+        """Write every object; per write the bytes written, 0 if it existed, or
+        its error (classified: :func:`kvstore_tiers.errors.classify`); never
+        raises. Default: ``put`` each (a backend without ``supports_crc32c`` is
+        never asked for a crc)."""
+        out: list[Written] = []
+        for w in writes:
+            try:
+                out.append(sum(len(p) for p in w.parts) if self.put(w.name, w.parts) else 0)
+            except Exception as exc:
+                out.append(classify(exc))
+        return out
 
-    def store_many(self, items: Sequence[StoreItem], codec: FrameCodec) -> list[Result]:
-        """Encode and store every item as one native batch; per item the frame
-        bytes written, 0 if it existed, or the error; never raises. Only with
-        ``supports_batches`` (:func:`kvstore_tiers.batching.store_many`)."""
-        raise NotImplementedError(f"{type(self).__name__} does not support batches")
-
-    def load_many(self, items: Sequence[LoadItem], codec: FrameCodec) -> list[Result]:
-        """Load every item into its row as one native batch; per item the frame
-        bytes received or the error; never raises. Only with ``supports_batches``
-        (:func:`kvstore_tiers.batching.load_many`)."""
-        raise NotImplementedError(f"{type(self).__name__} does not support batches")
+    def read_many(self, reads: Sequence[Read]) -> Iterable[ReadDone]:
+        """Read every object into its parts; yields ``(index, (placed, size,
+        crc))`` or ``(index, error)`` once per read, as each completes, in any
+        order; never raises (an error of the whole batch is every read's).
+        Default: ``get`` each and :func:`scatter` it (crc None)."""
+        for i, r in enumerate(reads):
+            try:
+                data = self.get(r.name)
+                yield i, (scatter(data, r.parts), len(data), None)
+            except Exception as exc:
+                yield i, classify(exc)

@@ -20,11 +20,17 @@ What is checked: the byte contract (``put`` of several parts round-trips;
 ``put`` of an existing object returns False and leaves it alone; a
 half-written object is never visible; ``exists_many`` answers in order;
 ``delete`` of a missing object is fine; ``iter_objects`` lists names, sizes
-and honours a prefix), the optional methods per their ``supports_*`` flags,
-the tuning value, ``store_many``/``load_many`` through a real
-:class:`~kvstore_tiers.frame.FrameCodec` with per-item results (a missing
-object is ObjectMissing, a damaged, truncated or foreign one ObjectCorrupt,
-never wrong bytes), and concurrent use from threads.
+and honours a prefix), the batch calls ``write_many`` (per
+write the bytes written, 0 for an existing object, the error) and
+``read_many`` (each object's bytes into the caller's buffers, one result per
+read, an object longer than its buffers placing what fits and saying its
+size), the CRC-32C of ``supports_crc32c``, the optional methods per their
+``supports_*`` flags, the tuning value, the core's
+:func:`~kvstore_tiers.batching.store_many`/:func:`~kvstore_tiers.batching.load_many`
+over the backend through a real :class:`~kvstore_tiers.frame.FrameCodec`
+with per-item results (a missing object is ObjectMissing, a damaged,
+truncated or foreign one ObjectCorrupt, never wrong bytes), and concurrent
+use from threads.
 """
 
 from __future__ import annotations
@@ -38,8 +44,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kvstore_tiers.backends.base import Backend, IOTuning, LoadItem, StoreItem
-from kvstore_tiers.batching import load_many, store_many
+from kvstore_tiers.backends.base import LISTING_HEAD, Backend, IOTuning, Read, Write
+from kvstore_tiers.batching import LoadItem, StoreItem, load_many, store_many
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing
 from kvstore_tiers.frame import FrameCodec, checksum
@@ -64,10 +70,6 @@ class BackendTests:
     #: Bytes of one row in the frame tests (a multiple of the page size, as
     #: vLLM's rows are, so O_DIRECT paths run).
     row_bytes: int = 4 * mmap.PAGESIZE
-    #: Its loads set ``LoadItem.crc`` (the core's loops do); False: a native load
-    #: leaves it None, and read-through computes each row's CRC again.
-    load_sets_crc: bool = True
-
     # -- what a subclass provides ------------------------------------------------------
     def make_backend(self, namespace: Namespace, tmp_path: Path) -> Backend:
         """A new, unopened backend over an empty store for ``namespace``."""
@@ -177,7 +179,11 @@ class BackendTests:
             backend.put(name, [bytes(size)])
         listed = {o.name: o for o in backend.iter_objects(namespace.name)}
         assert {n: o.size for n, o in listed.items()} == mine
-        assert all(isinstance(o.mtime, float) for o in listed.values())
+        for name, o in listed.items():  # a time, or the object's first bytes to read one from
+            if o.mtime is None:
+                assert o.head == bytes(min(mine[name], LISTING_HEAD))
+            else:
+                assert isinstance(o.mtime, float) and o.head is None
         assert {o.name for o in backend.iter_objects()} >= set(mine) | set(theirs)
         one = next(iter(mine))
         shard = one.rsplit("/", 1)[0] + "/"
@@ -221,9 +227,9 @@ class BackendTests:
         cls = type(backend)
         assert cls.supports_delete_many == (cls.delete_many is not Backend.delete_many)
         assert cls.supports_touch == (cls.touch_many is not Backend.touch_many)
-        assert cls.supports_read_into == (cls.read_into is not Backend.read_into)
-        assert cls.supports_batches == (cls.store_many is not Backend.store_many)
-        assert cls.supports_batches == (cls.load_many is not Backend.load_many)
+        if cls.supports_crc32c:  # a checksum is only computed where the bytes move natively
+            assert cls.read_many is not Backend.read_many
+            assert cls.write_many is not Backend.write_many
 
     def test_delete_many_removes_every_name(self, backend: Backend, namespace: Namespace) -> None:
         names = [self.name(namespace, 200 + i) for i in range(6)]
@@ -243,20 +249,60 @@ class BackendTests:
         assert backend.exists_many(names) == [True] * 3
         assert all(bytes(backend.get(n)) == b"t" * 10 for n in names)
 
-    def test_read_into_loads_one_frame(self, backend: Backend, codec: FrameCodec,
-                                       namespace: Namespace) -> None:
-        if not type(backend).supports_read_into:
-            with pytest.raises(NotImplementedError):
-                backend.read_into(LoadItem("x", _key(0), self.empty_rows(1)[0]), codec)
+    # -- the batch calls: bytes only -----------------------------------------------------
+    def test_write_many_writes_every_object_and_leaves_an_existing_one(
+            self, backend: Backend, namespace: Namespace) -> None:
+        names = [self.name(namespace, 400 + i) for i in range(3)]
+        assert backend.put(names[1], [b"old"]) is True
+        parts = [(b"head", memoryview(bytes([i]) * 5000)) for i in range(3)]
+        out = backend.write_many([Write(n, p) for n, p in zip(names, parts, strict=True)])
+        assert out == [5004, 0, 5004]
+        assert bytes(backend.get(names[0])) == b"head" + b"\x00" * 5000
+        assert bytes(backend.get(names[1])) == b"old", "an existing object is left alone"
+        assert backend.write_many([]) == []
+
+    def test_read_many_scatters_each_object_into_its_buffers(
+            self, backend: Backend, namespace: Namespace) -> None:
+        data = [bytes(np.random.default_rng(i).integers(0, 256, 3000 + 500 * i,
+                                                        dtype=np.uint8)) for i in range(3)]
+        names = [self.name(namespace, 410 + i) for i in range(4)]
+        for n, d in zip(names, data, strict=False):
+            assert backend.put(n, [d])
+
+        def buffers(*sizes: int) -> list[memoryview]:
+            return [memoryview(bytearray(n)) for n in sizes]
+
+        reads = [Read(names[0], buffers(100, 2900)),  # exactly the object
+                 Read(names[1], buffers(64, 5000, 64)),  # more room than the object
+                 Read(names[2], buffers(10, 990)),  # less: what fits, and the size
+                 Read(names[3], buffers(64))]  # no object
+        got = dict(backend.read_many(reads))
+        assert sorted(got) == [0, 1, 2, 3], "one result per read"
+        assert got[0][:2] == (3000, 3000)
+        assert bytes(reads[0].parts[0]) + bytes(reads[0].parts[1]) == data[0]
+        assert got[1][:2] == (3500, 3500)
+        assert (bytes(reads[1].parts[0]) + bytes(reads[1].parts[1]))[:3500] == data[1]
+        assert got[2][:2] == (1000, 4000)
+        assert bytes(reads[2].parts[0]) + bytes(reads[2].parts[1]) == data[2][:1000]
+        assert isinstance(got[3], ObjectMissing)
+        assert list(backend.read_many([])) == []
+
+    def test_crc32c_where_supported(self, backend: Backend, namespace: Namespace) -> None:
+        """A write asked for a crc puts the CRC-32C of its part in the object; a read
+        asked for one gives that part's CRC-32C (or None: not computed)."""
+        if not type(backend).supports_crc32c:
             return
-        (row,), (dest,) = self.rows(1, seed=5), self.empty_rows(1)
-        (stored,) = self.store(backend, codec, namespace, [400], [row])
-        assert isinstance(stored, int) and stored > 0
-        assert backend.read_into(LoadItem(self.name(namespace, 400), _key(400), dest),
-                                 codec) == stored
-        assert dest == row
-        with pytest.raises(ObjectMissing):
-            backend.read_into(LoadItem(self.name(namespace, 401), _key(401), dest), codec)
+        name = self.name(namespace, 420)
+        (row,) = self.rows(1, seed=6)
+        assert backend.write_many([Write(name, (bytearray(64), row), (1, 16))]) == \
+            [64 + len(row)]
+        stored = bytes(backend.get(name))
+        assert int.from_bytes(stored[16:24], "little") == checksum(row)
+        assert stored[64:] == bytes(row)
+        head, (dest,) = memoryview(bytearray(64)), self.empty_rows(1)
+        ((i, (placed, size, crc)),) = list(backend.read_many([Read(name, (head, dest), 1)]))
+        assert (i, placed, size) == (0, 64 + len(row), 64 + len(row))
+        assert crc is None or crc == checksum(row)
 
     def test_tuning_is_one_sane_value(self, backend: Backend) -> None:
         t = backend.tuning
@@ -290,8 +336,7 @@ class BackendTests:
                  for i, d in zip([700, 701], self.empty_rows(2), strict=True)]
         assert all(type(n) is int for n in load_many(backend, items, codec))
         for item in items:
-            if item.crc is not None or self.load_sets_crc:
-                assert item.crc == checksum(item.dest)
+            assert item.crc == checksum(item.dest)
 
     @pytest.mark.parametrize("how", ["bitflip", "truncated", "foreign", "garbage"])
     def test_a_damaged_object_is_corrupt_and_its_batch_neighbours_load(

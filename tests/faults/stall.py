@@ -11,15 +11,14 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from kvstore_tiers.backends.base import LoadItem, Result, StoreItem
+from kvstore_tiers.backends.base import Read, ReadDone, Write, Written
 from kvstore_tiers.backends.fs import FileSystemBackend
-from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.tier import KVStoreTier
 
 
 class StallFsBackend(FileSystemBackend):
-    """fs backend whose loads (``load_many``, every load batch) wait for
-    ``gate``, whose stores (``store_many``) wait for ``store_gate`` and whose
+    """fs backend whose loads (``read_many``, every load batch) wait for
+    ``gate``, whose stores (``write_many``) wait for ``store_gate`` and whose
     existence checks wait for ``exists_gate`` (all open by default)."""
 
     gate = threading.Event()
@@ -36,13 +35,13 @@ class StallFsBackend(FileSystemBackend):
         _pass(self.exists_gate, self.exists_stalled)
         return super().exists_many(names)
 
-    def store_many(self, items: Sequence[StoreItem], codec: FrameCodec) -> list[Result]:
+    def write_many(self, writes: Sequence[Write]) -> list[Written]:
         _pass(self.store_gate, self.store_stalled)
-        return super().store_many(items, codec)
+        return super().write_many(writes)
 
-    def load_many(self, items: Sequence[LoadItem], codec: FrameCodec) -> list[Result]:
+    def read_many(self, reads: Sequence[Read]) -> list[ReadDone]:
         _pass(self.gate, self.stalled)
-        return super().load_many(items, codec)
+        return super().read_many(reads)
 
 
 def _pass(gate: threading.Event, stalled: threading.Event) -> None:

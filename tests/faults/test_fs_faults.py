@@ -34,7 +34,7 @@ _WRITER = r"""
 import json, mmap, sys
 import numpy as np
 from kvstore_tiers.backends.fs import FileSystemBackend, FsConfig
-from kvstore_tiers.backends.base import StoreItem
+from kvstore_tiers.batching import StoreItem, store_many
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.admin.harness import make_keys
@@ -51,7 +51,7 @@ for i, k in enumerate(make_keys(n, seed=77)):
     row[:] = np.random.default_rng(int.from_bytes(k[:8], "little")).integers(
         0, 256, row_bytes, dtype=np.uint8).tobytes()
     print(f"start {i}", flush=True)
-    (res,) = be.store_many([StoreItem(ns.object_name(k), k, memoryview(row))], codec)
+    (res,) = store_many(be, [StoreItem(ns.object_name(k), k, memoryview(row))], codec)
     assert not isinstance(res, BaseException), res
     print(f"done {i}", flush=True)
 """

@@ -16,11 +16,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-from kvstore_tiers.backends.base import LoadItem, StoreItem
+from kvstore_tiers.backends.base import Read, ReadDone, Write, Written
 from kvstore_tiers.backends.eviction_log import EvictionLog
 from kvstore_tiers.backends.fs import FileSystemBackend
 from kvstore_tiers.errors import TransientError
-from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.tier import KVStoreTier
 
 
@@ -41,22 +40,29 @@ class FlakyFsBackend(FileSystemBackend):
         cls.store_stalled.clear()
         cls.store_gate.set()
 
-    def _split(self, items: Sequence[Any], run: Any, codec: FrameCodec) -> list[Any]:
-        live = [it for it in items if it.key not in self.dead]
-        done = iter(run(live, codec) if live else ())
-        return [TransientError("node down") if it.key in self.dead else next(done)
-                for it in items]
+    def _live(self, names: Sequence[str]) -> list[int]:
+        """Indices of ``names`` whose keys are not in ``dead``."""
+        dead = {self.namespace.object_name(k) for k in self.dead}  # type: ignore[attr-defined]
+        return [i for i, n in enumerate(names) if n not in dead]
 
-    def store_many(self, items: Sequence[StoreItem], codec: FrameCodec
-                   ) -> list[int | BaseException]:
+    def write_many(self, writes: Sequence[Write]) -> list[Written]:
         if not self.store_gate.is_set():
             self.store_stalled.set()
             self.store_gate.wait(30)
-        return self._split(items, super().store_many, codec)
+        live = self._live([w.name for w in writes])
+        out: list[Written] = [TransientError("node down")] * len(writes)
+        if live:
+            for i, res in zip(live, super().write_many([writes[i] for i in live]), strict=True):
+                out[i] = res
+        return out
 
-    def load_many(self, items: Sequence[LoadItem], codec: FrameCodec
-                  ) -> list[int | BaseException]:
-        return self._split(items, super().load_many, codec)
+    def read_many(self, reads: Sequence[Read]) -> list[ReadDone]:
+        live = self._live([r.name for r in reads])
+        out: list[ReadDone] = [(i, TransientError("node down")) for i in range(len(reads))
+                               if i not in set(live)]
+        if live:
+            out += [(live[j], res) for j, res in super().read_many([reads[i] for i in live])]
+        return out
 
 
 FlakyFsBackend.reset()

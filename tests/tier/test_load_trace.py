@@ -46,7 +46,6 @@ def test_off_by_default_nothing_is_traced(tmp_path, monkeypatch) -> None:
     try:
         tier = h.tiers[0]
         assert tier.load_trace is None
-        assert tier.backend.trace_mark is None  # the fs read marks nothing
         _store_then_load(h, [make_keys(8, seed=1)])
     finally:
         h.shutdown()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvstore_tiers.backends.base import scatter
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.errors import ObjectCorrupt
 from kvstore_tiers.frame import (
@@ -12,6 +13,8 @@ from kvstore_tiers.frame import (
     FLAG_ENCRYPTED,
     HEADER_FIXED,
     FrameCodec,
+    FrameRead,
+    Unplanned,
     checksum,
     header_length,
     parse_header,
@@ -73,87 +76,108 @@ def test_other_key_other_namespace_other_length_are_corrupt() -> None:
         FrameCodec(NS, CodecId.NONE).decode_into(KEY, frame, memoryview(bytearray(len(raw) * 2)))
 
 
-def test_encode_batch_reports_failed_items_and_encodes_the_rest() -> None:
-    """Batched stores (s3, redis) fail only the rows that could not be encoded."""
-    from kvstore_tiers.backends.base import StoreItem
-    from kvstore_tiers.batching import encode_batch
-    from kvstore_tiers.errors import TransientError
+def test_a_store_batch_fails_only_the_rows_that_could_not_be_encoded(tmp_path) -> None:
+    """The core's store batch: one bad row is its own error, its neighbours are written."""
+    from kvstore_memory.backend import MemoryBackend, MemoryConfig
 
+    from kvstore_tiers.batching import StoreItem, store_many
+    from kvstore_tiers.namespace import Namespace
+
+    ns = Namespace.from_run_config({"model_name": "batch"})
+    backend = MemoryBackend(MemoryConfig(), ns)
+    backend.open()
     raw = memoryview(bytes(range(256)) * 32)
     items = [StoreItem("a", KEY, raw), StoreItem("b", KEY, None),  # type: ignore[arg-type]
              StoreItem("c", KEY, raw)]
-    out, encoded = encode_batch(items, FrameCodec(NS, CodecId.NONE))
-    assert [i for i, _h, _p in encoded] == [0, 2]
-    assert isinstance(out[1], TransientError)
-    assert [len(h) + len(p) for _i, h, p in encoded] == [header_length(len(KEY), 8) + len(raw)] * 2
+    out = store_many(backend, items, FrameCodec(NS, CodecId.NONE))
+    assert out[0] == out[2] == header_length(len(KEY), 8) + len(raw)
+    assert isinstance(out[1], Exception)
+    assert backend.exists_many(["a", "b", "c"]) == [True, False, True]
 
 
+def _scattered(frame: bytes, codec: FrameCodec, dest: memoryview) -> tuple[FrameRead, int]:
+    """``frame`` read as its plan says (the bytes from its start into the parts)."""
+    (plan,) = codec.plan_reads([KEY], [dest])
+    return plan, scatter(frame, plan.parts)
+
+
+@pytest.mark.parametrize("align", [8, 4096])
 @pytest.mark.parametrize("codec", list(CodecId))
-@pytest.mark.parametrize("head_len", [0, 40, 200, 4000, None])
-def test_receive_header_first_into_row_or_scratch(codec: CodecId, head_len: int | None) -> None:
-    """A frame read header first lands in the row exactly as a whole-frame decode."""
+def test_a_planned_read_lands_as_a_whole_frame_decodes(codec: CodecId, align: int) -> None:
+    """A frame scattered into its plan's buffers finishes into the row exactly as a
+    whole-frame decode does; a raw payload lands in the row itself."""
     from kvstore_tiers.frame import created_ms
 
-    frame, raw = _frame(codec)
-    hlen = parse_header(frame).header_len
-    head = frame[: hlen + (head_len or 0)] if head_len is not None else frame
+    frame, raw = _frame(codec, align)
+    reader = FrameCodec(NS, codec, align)
     dest = memoryview(bytearray(len(raw)))
-    scratch_calls: list[int] = []
-
-    def scratch(n: int) -> memoryview:
-        scratch_calls.append(n)
-        return memoryview(bytearray(n + 7))
-
-    rx = FrameCodec(NS, codec).receive(KEY, head, len(frame), dest, scratch)
-    assert rx.offset == len(head)
-    assert len(rx.remaining) == len(frame) - len(head)
-    raw_payload = rx.header.codec == CodecId.NONE
-    assert rx.direct == raw_payload
-    if raw_payload:
-        assert rx.remaining.obj is dest.obj and not scratch_calls
-    if len(rx.remaining):  # (an empty view of a read-only head cannot be assigned to)
-        rx.remaining[:] = frame[len(head):]
-    rx.finish()
+    plan, placed = _scattered(frame, reader, dest)
+    assert plan.parts[1] is dest and len(plan.parts[0]) == header_length(len(KEY), align)
+    assert plan.crc_part == (1 if codec == CodecId.NONE else None)
+    assert placed == len(frame)
+    assert plan.finish(placed, len(frame)) == checksum(raw)
     assert bytes(dest) == raw
-    assert created_ms(frame[:HEADER_FIXED]) == rx.header.created_ms > 0
+    assert created_ms(frame[:HEADER_FIXED]) > 0
 
 
-def test_receive_rejects_before_touching_the_row() -> None:
+def test_a_planned_read_checks_before_it_trusts_the_row() -> None:
     frame, raw = _frame()
-    dest = memoryview(bytearray(b"\xaa" * len(raw)))
     codec = FrameCodec(NS, CodecId.NONE)
+    dest = memoryview(bytearray(len(raw)))
+    plan, placed = _scattered(frame[:-1], codec, dest)
     with pytest.raises(ObjectCorrupt, match="frame says"):
-        codec.receive(KEY, frame[:200], len(frame) - 1, dest)
+        plan.finish(placed, len(frame) - 1)
+    (other,) = codec.plan_reads([b"\x02" * 36], [dest])
+    scatter(frame, other.parts)
     with pytest.raises(ObjectCorrupt, match="another key"):
-        codec.receive(b"\x02" * 36, frame[:200], len(frame), dest)
-    with pytest.raises(ObjectCorrupt, match="longer than the bytes read"):
-        codec.receive(KEY, frame[:HEADER_FIXED + len(KEY)], len(frame), dest)
-    assert bytes(dest) == b"\xaa" * len(raw)
-    rx = codec.receive(KEY, frame[:200], len(frame), dest)
-    rx.remaining[:] = frame[200:]
-    rx.remaining[-1] ^= 1
+        other.finish(len(frame), len(frame))
+    plan, placed = _scattered(frame[:40], codec, dest)
+    with pytest.raises(ObjectCorrupt, match="shorter than a frame header"):
+        plan.finish(placed, 40)
+    flipped = bytearray(frame)
+    flipped[-1] ^= 1
+    plan, placed = _scattered(bytes(flipped), codec, dest)
     with pytest.raises(ObjectCorrupt, match="checksum"):
-        rx.finish()
+        plan.finish(placed, len(frame))
+
+
+def test_an_object_longer_than_its_plan_is_unplanned_and_a_foreign_padding_still_loads() -> None:
+    """A frame padded to a page, read by a tier that pads to 8: longer than the
+    plan (Unplanned: the caller reads it whole, and it decodes); one padded to 8,
+    read by a tier that pads to a page: it fits, and its payload is gathered."""
+    frame, raw = _frame(CodecId.NONE, align=4096)
+    narrow = FrameCodec(NS, CodecId.NONE, 8)
+    dest = memoryview(bytearray(len(raw)))
+    plan, placed = _scattered(frame, narrow, dest)
+    assert placed < len(frame)
+    with pytest.raises(Unplanned):
+        plan.finish(placed, len(frame))
+    narrow.decode_into(KEY, frame, dest)
+    assert bytes(dest) == raw
+    frame, raw = _frame(CodecId.NONE, align=8)
+    dest = memoryview(bytearray(len(raw)))
+    plan, placed = _scattered(frame, FrameCodec(NS, CodecId.NONE, 4096), dest)
+    assert plan.finish(placed, len(frame)) == checksum(raw)
+    assert bytes(dest) == raw
 
 
 def test_a_raw_payload_checksummed_by_its_reader_is_compared_not_recomputed() -> None:
-    """finish(dest_checksum): the reader's CRC-32C of the row (the fs tier's
-    GIL-free read) decides; a wrong one is ObjectCorrupt even over right bytes,
-    so a row is accepted only on the checksum of what was read into it."""
+    """finish(crc): the reader's CRC-32C of the row (the fs tier's GIL-free read)
+    decides; a wrong one is ObjectCorrupt even over right bytes, so a row is
+    accepted only on the checksum of what was read into it."""
     import crc32c
 
     frame, raw = _frame()
     codec = FrameCodec(NS, CodecId.NONE)
     for given, ok in ((crc32c.crc32c(raw), True), (crc32c.crc32c(raw) ^ 1, False)):
         dest = memoryview(bytearray(len(raw)))
-        rx = codec.receive(KEY, frame[:200], len(frame), dest)
-        rx.remaining[:] = frame[200:]
+        plan, placed = _scattered(frame, codec, dest)
         if ok:
-            rx.finish(given)
+            plan.finish(placed, len(frame), given)
             assert bytes(dest) == raw
         else:
             with pytest.raises(ObjectCorrupt, match="checksum"):
-                rx.finish(given)
+                plan.finish(placed, len(frame), given)
 
 
 def test_created_ms_of_a_non_frame_is_none() -> None:
@@ -191,13 +215,12 @@ def test_a_load_returns_the_checksum_it_verified_and_a_store_takes_a_given_one()
     header = codec.decode_into(KEY, frame, memoryview(bytearray(len(raw))))
     assert header.row_checksum == checksum(raw)
     assert header._replace(flags=FLAG_ENCRYPTED).row_checksum is None
-    rx = codec.receive(KEY, frame[:256], len(frame), memoryview(bytearray(len(raw))))
-    rx.remaining[:] = frame[rx.offset:]
-    assert rx.finish() == checksum(raw)
+    plan, placed = _scattered(frame, codec, memoryview(bytearray(len(raw))))
+    assert plan.finish(placed, len(frame)) == checksum(raw)
     zstd = FrameCodec(NS, CodecId.ZSTD)
     zframe = b"".join(bytes(b) for b in zstd.encode(KEY, memoryview(raw)))
-    assert zstd.receive(KEY, zframe, len(zframe), memoryview(bytearray(len(raw)))).finish() \
-        == checksum(raw)
+    plan, placed = _scattered(zframe, zstd, memoryview(bytearray(len(raw))))
+    assert plan.finish(placed, len(zframe)) == checksum(raw)
     given, _ = codec.encode(KEY, memoryview(raw), 12345)
     assert parse_header(given).checksum == 12345
 
@@ -221,3 +244,14 @@ def test_an_unsummed_frame_leaves_its_checksum_to_the_writer() -> None:
     assert parse_header(known).checksum == 777
     with pytest.raises(ValueError):
         FrameCodec(NS, CodecId.ZSTD).encode(KEY, memoryview(raw), unsummed=True)
+
+
+def test_a_listing_head_holds_what_created_ms_reads() -> None:
+    """A store without write times lists LISTING_HEAD bytes of each object; the
+    core reads the writer's clock from them."""
+    from kvstore_tiers.backends.base import LISTING_HEAD
+    from kvstore_tiers.frame import created_ms
+
+    frame, _raw = _frame()
+    assert HEADER_FIXED <= LISTING_HEAD
+    assert created_ms(frame[:LISTING_HEAD]) == parse_header(frame).created_ms

@@ -156,3 +156,20 @@ def test_the_transfer_core_knows_no_layer_composed_around_it(layer: str) -> None
                    "kvstore_tiers.ledger"):
         named = sorted(n for n in _identifiers(module) if layer in n.lower())
         assert not named, f"{module} names {named}"
+
+
+def test_backends_move_bytes_and_never_touch_a_frame() -> None:
+    """What the bytes mean is the core's: no backend module (nor the memory
+    plugin) imports the frame, the codecs or the cipher, anywhere in its file."""
+    edges = graph()
+    core = {"kvstore_tiers.frame", "kvstore_tiers.codecs", "kvstore_tiers.crypto",
+            "kvstore_tiers.batching"}
+    backends = [m for m in edges if m.startswith("kvstore_tiers.backends")]
+    assert len(backends) > 10  # fs, redis, s3 and the contract itself
+    touching = {m: sorted(edges[m] & core) for m in backends if edges[m] & core}
+    assert not touching, touching
+    known = _modules(ROOT)
+    plugin = sorted((ROOT / "plugins" / "kvstore-memory" / "kvstore_memory").glob("*.py"))
+    assert plugin
+    for path in plugin:
+        assert not _imports(f"kvstore_memory.{path.stem}", path, known) & core, path.name

@@ -18,9 +18,11 @@
   compiled where a C compiler exists. A Python thread takes the GIL back
   once per load, not once per file: on a busy engine, whose scheduler loop
   holds the GIL, each take-back can wait a whole switch interval.
-* The backend never parses a frame: a load hands the first page it read to
-  :meth:`FrameCodec.receive`, which checks the header and says where the rest
-  of the payload goes.
+* The backend moves bytes only: a load reads each file into the buffers the
+  core planned (a page for the header, the row, a page of tail) with one
+  vectored read, checksumming the row while it is in cache
+  (``supports_crc32c``); a store writes the buffers it is given, putting the
+  row's checksum where the core asks. The frames are the core's.
 * Errors: a missing file is ObjectMissing; a short or malformed file is
   ObjectCorrupt; any other OSError (ENOSPC, EACCES, EIO) is TransientError.
 """
@@ -39,9 +41,12 @@ from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
     IOTuning,
-    LoadItem,
     ObjectInfo,
-    StoreItem,
+    Placed,
+    Read,
+    ReadDone,
+    Write,
+    Written,
 )
 from kvstore_tiers.backends.eviction_log import EvictionLog
 from kvstore_tiers.backends.fs import fileio
@@ -51,7 +56,6 @@ from kvstore_tiers.backends.fs.fileio import (
     O_DIRECT,
     PAGE,
     ThreadPages,
-    address,
     aligned,
     in_memory,
     probe_o_direct,
@@ -59,19 +63,14 @@ from kvstore_tiers.backends.fs.fileio import (
 )
 from kvstore_tiers.backends.fs.layout import prepare_namespace_dir, walk_prefix
 from kvstore_tiers.backends.fs.writers import WriterLock, sweep_stale
-from kvstore_tiers.batching import encode_batch
 from kvstore_tiers.errors import (
     ConfigError,
-    ObjectCorrupt,
     ObjectMissing,
     TransientError,
     classify,
 )
-from kvstore_tiers.frame import CHECKSUM_AT, FrameCodec
 
 logger = logging.getLogger(__name__)
-#: A publish item's tail asking for the row's (its second buffer's) checksum in the header.
-_SUM_ROW = (1, CHECKSUM_AT)
 
 # Stores: up to eight files per I/O task, one GIL-free call for the eight:
 # per-file GIL round trips and pool hand-offs were what kept small stores
@@ -98,10 +97,10 @@ class FileSystemBackend(Backend):
     remote = False
     #: ``touch_many`` refreshes the mtime LRU of a capped store.
     supports_touch = True
-    #: A load is a vectored read of a page of header and then the row.
-    supports_read_into = True
+    #: Reads and writes checksum a buffer in their one GIL-free call (the
+    #: compiled call on a CPU without the CRC instruction cannot write one).
+    supports_crc32c = fileio.PUBLISH_CRC
     supports_capacity = True  # with max_bytes
-    supports_batches = True
 
     def __init__(self, config: FsConfig, namespace: Any) -> None:
         super().__init__(config, namespace)
@@ -285,96 +284,52 @@ class FileSystemBackend(Backend):
             with contextlib.suppress(OSError):
                 os.utime(self.path(n))
 
-    # -- frames: zero-copy paths -------------------------------------------------
-    def store_many(self, items: Sequence[StoreItem], codec: FrameCodec
-                   ) -> list[int | BaseException]:
-        """Encode every item, then publish them all with one call (the GIL is
-        given up once per batch, not once per file)."""
-        # No existence check before encoding: the publish makes it inside its
-        # one GIL-free call (a separate stat was one more GIL wait per block).
-        # That call also checksums a raw row as it writes it, as a load's
-        # read does: no GIL re-take per row, and on tmpfs while it is in cache.
-        sums = codec.raw_payloads and fileio.PUBLISH_CRC
-        out, encoded = encode_batch(items, codec, unsummed=sums)
+    # -- batches: one GIL-free call each -------------------------------------------
+    def write_many(self, writes: Sequence[Write]) -> list[Written]:
+        """Publish every object with one call (the GIL is given up once per batch,
+        not once per file), O_DIRECT where its buffers allow."""
+        # No existence check first: the publish makes it inside its one
+        # GIL-free call (a separate stat was one more GIL wait per block).
+        # That call also checksums a buffer as it writes it where asked, as a
+        # load's read does: no GIL re-take per row, and on tmpfs while in cache.
         batch: list[fileio.PublishItem] = []
-        headers = self._pages.header_pages(len(encoded))
-        for i, header, payload in encoded:
-            path = self.path(items[i].name)
-            crc = _SUM_ROW if sums and items[i].crc is None else ()
-            if self.use_o_direct and len(header) == PAGE and len(payload) % PAGE == 0 \
-                    and isinstance(payload, memoryview) and address(payload) % PAGE == 0:
-                # Raw payload straight from the page-aligned primary row.
-                hdr = headers[len(batch)]
-                hdr[:] = header
-                batch.append((self._temp_name(path), path, (hdr, payload), O_DIRECT, *crc))
+        headers = self._pages.header_pages(len(writes))
+        for w, hdr in zip(writes, headers, strict=False):  # headers: at least as many
+            path = self.path(w.name)
+            parts, crc = w.parts, w.crc or ()
+            if self.use_o_direct and len(parts[0]) == PAGE and all(
+                    isinstance(p, memoryview) and aligned(p) for p in parts[1:]):
+                # A page of header, then the rest straight from the page-aligned row.
+                hdr[:] = parts[0]
+                batch.append((self._temp_name(path), path, (hdr, *parts[1:]), O_DIRECT, *crc))
             else:
-                batch.append((self._temp_name(path), path, (header, payload), 0, *crc))
-        for (i, _h, _p), res in zip(encoded, self._publish(batch), strict=True):
-            out[i] = res
+                batch.append((self._temp_name(path), path, parts, 0, *crc))
+        return self._publish(batch)
+
+    def read_many(self, reads: Sequence[Read]) -> list[ReadDone]:
+        """Read every file into its buffers with one GIL-free call
+        (:func:`fileio.read_files`) on up to ``n_read_threads`` threads, which
+        also checksums the asked buffer of each; O_DIRECT where the buffers are
+        page aligned in address and length."""
+        direct = self.use_o_direct
+        batch: list[fileio.ReadItem] = [
+            (self.path(r.name), r.parts,
+             O_DIRECT if direct and all(aligned(p) for p in r.parts) else 0,
+             -1 if r.crc_part is None else r.crc_part)
+            for r in reads]
+        out: list[ReadDone] = []
+        for i, (path, res) in enumerate(zip(
+                (b[0] for b in batch),
+                fileio.read_files(batch, self.config.n_read_threads, self._crc_piece),
+                strict=True)):
+            if isinstance(res, OSError):
+                out.append((i, _classify_oserror(res, path)))
+                continue
+            n, size, *crc = res
+            placed: Placed = (n, size, crc[0] if crc else None)
+            out.append((i, placed))
+            self._mark_used(path)
         return out
-
-    def read_into(self, item: LoadItem, codec: FrameCodec) -> int:
-        result = self.load_many((item,), codec)[0]
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
-    def load_many(self, items: Sequence[LoadItem], codec: FrameCodec
-                  ) -> list[int | BaseException]:
-        """Read every item's file with one GIL-free call (:func:`fileio.read_files`),
-        which also checksums each row it filled where this tier's frames carry
-        rows as is, then finish each frame; per item the frame's size or its
-        error. Load trace marks: ``read``, ``read_end``, a ``frame`` per item."""
-        pages = self._pages.read_pages(len(items))
-        crc_of = 1 if codec.raw_payloads else -1  # the row: the read's second part
-        batch: list[fileio.ReadItem] = []
-        for item, (hdr, overflow) in zip(items, pages, strict=False):
-            # Our own frames: a page of header then, uncompressed, the row
-            # itself -- one vectored read puts the payload where it belongs.
-            # A read that stops short of filling the overflow page has met
-            # the end of the file, so its length is the file's size without
-            # an fstat (on a busy engine every syscall is one more wait for
-            # the GIL); only a file that fills it needs one.
-            direct = self.use_o_direct and len(item.dest) % PAGE == 0
-            batch.append((self.path(item.name), [hdr, item.dest, overflow],
-                          O_DIRECT if direct else 0, crc_of))
-        out: list[int | BaseException] = []
-        mark = self.trace_mark  # the load trace's (None: off)
-        if mark is not None:
-            mark("read")
-        read = fileio.read_files(batch, self.config.n_read_threads, self._crc_piece)
-        if mark is not None:
-            mark("read_end")
-        for item, (path, parts, *_), res in zip(items, batch, read, strict=True):
-            try:
-                if isinstance(res, OSError):
-                    raise _classify_oserror(res, path) from res
-                out.append(self._place(item, codec, path, parts[0], res))
-            except Exception as exc:
-                out.append(classify(exc))
-            if mark is not None:
-                mark("frame")
-        return out
-
-    def _place(self, item: LoadItem, codec: FrameCodec, path: str, hdr: memoryview,
-               read: fileio.ReadResult) -> int:
-        """Finish one file read with its first page into ``hdr`` and the next
-        ``len(item.dest)`` bytes into the row (``read`` = bytes read, file
-        size, the row's CRC-32C or None): the frame's checks and decode are
-        :meth:`FrameCodec.receive`'s; a raw payload at a page is already in
-        place (and its checksum computed by the read), anything else is read
-        from where the receiver says. Returns the file's size; raises
-        ObjectCorrupt for anything but our frame of this key."""
-        n, size, *crc = read
-        rx = codec.receive(item.key, hdr[: min(n, PAGE)], size, item.dest)
-        in_place = rx.raw_payload_at(PAGE) and n == PAGE + len(item.dest)
-        if not in_place:
-            # Not a raw payload the vectored read put in place (compressed,
-            # encrypted, another header length, a short read): read the rest.
-            self._pread_into(path, rx.remaining, rx.offset)
-        item.crc = rx.finish(crc[0] if in_place and crc else None)
-        self._mark_used(path)
-        return size
 
     def _mark_used(self, path: str) -> None:
         # LRU for the capacity controller: mtime is "last used" (atime is
@@ -382,21 +337,3 @@ class FileSystemBackend(Backend):
         if self.capacity is not None:
             with contextlib.suppress(OSError):
                 os.utime(path)
-
-    @staticmethod
-    def _pread_into(path: str, buf: memoryview, offset: int) -> None:
-        """Fill ``buf`` from ``path`` at ``offset`` (buffered); a short file is ObjectCorrupt."""
-        if not len(buf):
-            return
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError as exc:
-            raise _classify_oserror(exc, path) from exc
-        try:
-            n = os.preadv(fd, [buf], offset)
-        except OSError as exc:
-            raise _classify_oserror(exc, path) from exc
-        finally:
-            os.close(fd)
-        if n != len(buf):
-            raise ObjectCorrupt(f"short read of the payload ({n} of {len(buf)} bytes)")

@@ -37,10 +37,10 @@
   ``os.path.exists``): an async lookup's batch is one call.
 
 O_DIRECT wants page-aligned lengths AND addresses (EINVAL otherwise).
-Primary rows are page aligned; a frame's header is written into, and read
-from, a page of the calling thread's own anonymous memory
-(:class:`ThreadPages`; mmap memory is page aligned), so a raw payload moves
-between the row and the disk with no copy. :func:`probe_o_direct` says
+Primary rows are page aligned; a frame's header is written from a page of the
+calling thread's own anonymous memory (:class:`ThreadPages`; mmap memory is
+page aligned), and read into the core's page-aligned buffers, so a raw
+payload moves between the row and the disk with no copy. :func:`probe_o_direct` says
 whether a directory takes O_DIRECT, :func:`in_memory` whether it would be
 any use there.
 
@@ -223,17 +223,6 @@ class ThreadPages:
 
     def __init__(self) -> None:
         self._local = threading.local()
-
-    def read_pages(self, n: int) -> list[tuple[memoryview, memoryview]]:
-        """Page pairs for a load batch of ``n``: each file's frame header (its
-        first ``readv`` part) and its overflow page (the read's last part)."""
-        pages: list[tuple[memoryview, memoryview]] = getattr(self._local, "pages", [])
-        if len(pages) < n:
-            view = memoryview(mmap.mmap(-1, 2 * n * PAGE))
-            pages = self._local.pages = [(view[2 * i * PAGE:(2 * i + 1) * PAGE],
-                                          view[(2 * i + 1) * PAGE:(2 * i + 2) * PAGE])
-                                         for i in range(n)]
-        return pages
 
     def header_pages(self, n: int) -> list[memoryview]:
         """Frame-header pages for a store batch of ``n`` (each file's first ``writev`` part)."""

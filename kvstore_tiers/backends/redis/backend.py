@@ -51,10 +51,12 @@ from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
     IOTuning,
-    LoadItem,
     ObjectInfo,
-    Result,
-    StoreItem,
+    Read,
+    ReadDone,
+    Write,
+    Written,
+    scatter,
 )
 from kvstore_tiers.backends.eviction_log import EvictionLog
 from kvstore_tiers.backends.redis.client import (
@@ -74,9 +76,7 @@ from kvstore_tiers.backends.redis.config import RedisConfig
 from kvstore_tiers.backends.redis.evictions import EvictionListener, check_notifications
 from kvstore_tiers.backends.redis.fastio import FastIO, fast_io_supported, is_far
 from kvstore_tiers.backends.redis.listing import iter_objects
-from kvstore_tiers.batching import encode_batch
 from kvstore_tiers.errors import ObjectMissing, TransientError, detached
-from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.ratelimit import RateLimitedLogger
 from kvstore_tiers.redact import redact_nodes, redact_url
 
@@ -95,7 +95,6 @@ class RedisBackend(Backend):
     supports_touch = True
     supports_delete_many = True
     supports_capacity = True  # with maxmemory
-    supports_batches = True
 
     def __init__(self, config: RedisConfig, namespace: Any) -> None:
         super().__init__(config, namespace)
@@ -305,44 +304,47 @@ class RedisBackend(Backend):
             raise TransientError("redis tier is closed")
         return iter_objects(self.client, self._run, self.prefix, prefix)
 
-    # -- frames: pipelined batches (what the core calls) ---------------------------------
-    def store_many(self, items: Sequence[StoreItem], codec: FrameCodec) -> list[Result]:
-        """One pipeline of ``SET key frame NX [EX ttl]``: frame bytes written, 0 existed."""
-        out, encoded = encode_batch(items, codec, classify_redis)
-        if not encoded:
-            return out
+    # -- batches: pipelined (what the core calls) ---------------------------------------
+    def write_many(self, writes: Sequence[Write]) -> list[Written]:
+        """One pipeline of ``SET key value NX [EX ttl]``: bytes written, 0 existed."""
+        if not writes:
+            return []
         try:
             if self._fast is not None:
                 replies: list[Any] = self._fast.set_many(
-                    [(self.key(items[i].name).encode(), h, p) for i, h, p in encoded],
-                    self.config.ttl_s)
+                    [(self.key(w.name).encode(), w.parts) for w in writes], self.config.ttl_s)
             else:
                 set_args = self._set_args()
-                frames = [(self.key(items[i].name), _join((h, p))) for i, h, p in encoded]
-                replies = self._run(lambda pl, fs: [pl.set(k, v, **set_args) for k, v in fs],
-                                    frames)
+                values = [(self.key(w.name), _join(w.parts)) for w in writes]
+                replies = self._run(lambda pl, vs: [pl.set(k, v, **set_args) for k, v in vs],
+                                    values)
         except Exception as exc:
-            replies = [exc] * len(encoded)
-        for (i, h, p), reply in zip(encoded, replies, strict=True):
+            replies = [exc] * len(writes)
+        out: list[Written] = []
+        for w, reply in zip(writes, replies, strict=True):
             # SET NX answers OK (written) or nil (existed): True or None/False here.
-            out[i] = (detached(classify_redis(reply)) if isinstance(reply, BaseException)
-                      else len(h) + len(p) if reply else 0)
-        last = encoded[-1][0]
-        written = out[last]
+            out.append(detached(classify_redis(reply)) if isinstance(reply, BaseException)
+                       else sum(len(p) for p in w.parts) if reply else 0)
+        written = out[-1]
         if isinstance(written, int) and written > 0:  # a key for object_bytes() to measure
-            self._recent_key = self.key(items[last].name)
+            self._recent_key = self.key(writes[-1].name)
         return out
 
-    def load_many(self, items: Sequence[LoadItem], codec: FrameCodec) -> list[Result]:
-        """One pipeline of GET (GETEX with ttl_s: a hit refreshes the expiry)."""
+    def read_many(self, reads: Sequence[Read]) -> list[ReadDone]:
+        """One pipeline of GET (GETEX with ttl_s: a hit refreshes the expiry), each
+        value into its read's buffers (off the socket where the fast path runs)."""
+        if not reads:
+            return []
         ttl = self.config.ttl_s
+        keys = [self.key(r.name) for r in reads]
         if self._fast is not None and (self.use_getex or not ttl):
             try:
-                return self._fast.get_many([self.key(it.name).encode() for it in items],
-                                           items, codec, ttl)
+                placed: list[Any] = self._fast.get_many([k.encode() for k in keys],
+                                                        [r.parts for r in reads], ttl)
             except Exception as exc:
-                return [detached(classify_redis(exc))] * len(items)
-        keys = [self.key(it.name) for it in items]
+                err = detached(classify_redis(exc))
+                return [(i, err) for i in range(len(reads))]
+            return list(enumerate(placed))
         if ttl and self.use_getex:
             def build(p: Any, ks: Sequence[str]) -> None:
                 for k in ks:
@@ -362,22 +364,19 @@ class RedisBackend(Backend):
         try:
             replies = self._run(build, keys, per)
         except Exception as exc:
-            return [detached(classify_redis(exc))] * len(items)
+            err = detached(classify_redis(exc))
+            return [(i, err) for i in range(len(reads))]
         # Every error kept below is detached: its traceback would hold this
-        # frame and with it ``items`` (views of vLLM's primary rows).
-        out: list[Result] = []
-        for i, item in enumerate(items):
+        # frame and with it ``reads`` (views of vLLM's primary rows).
+        out: list[ReadDone] = []
+        for i, r in enumerate(reads):
             value = replies[i * per]
             if isinstance(value, BaseException):
-                out.append(detached(classify_redis(value)))
+                out.append((i, detached(classify_redis(value))))
             elif value is None:
-                out.append(ObjectMissing(keys[i]))
+                out.append((i, ObjectMissing(keys[i])))
             else:
-                try:
-                    item.crc = codec.decode_into(item.key, value, item.dest).row_checksum
-                    out.append(len(value))
-                except Exception as exc:
-                    out.append(detached(classify_redis(exc)))
+                out.append((i, (scatter(value, r.parts), len(value), None)))
         return out
 
 

@@ -14,14 +14,12 @@ connect, AUTH, TLS, SELECT and pooling):
   tail (``NX``, ``EX ttl``) -- with ``sendall`` per piece: no join, no pack
   copy; redis-py's parser reads the replies.
 * **load**: ``GET``/``GETEX`` commands are sent in one write, and each bulk
-  reply is read here, off the raw socket: its first bytes go to
-  :meth:`FrameCodec.receive`, which checks the header and says where the rest
-  goes -- for ``codec=none`` straight into the destination row with
-  ``recv_into`` (one kernel copy), otherwise into a per-thread scratch
-  buffer -- and :meth:`FrameReceiver.finish` verifies or decodes.
+  reply is read here, off the raw socket, straight into the buffers the core
+  planned for it (the frame's header, then the row itself: for ``codec=none``
+  the payload lands in the row with ``recv_into``, one kernel copy).
 
 Protocol safety: every reply is consumed to its end (``$len`` bytes + CRLF),
-whatever the frame check says; any I/O or protocol error, or a reply GET/GETEX
+whatever fits in its buffers; any I/O or protocol error, or a reply GET/GETEX
 cannot produce, disconnects, so no later command sees a half-read reply.
 """
 
@@ -36,8 +34,8 @@ from typing import Any
 
 import redis.exceptions as rexc
 
-from kvstore_tiers.errors import ObjectCorrupt, ObjectMissing, TransientError, detached
-from kvstore_tiers.frame import FIRST_READ, FrameCodec
+from kvstore_tiers.backends.base import Buffer, Placed
+from kvstore_tiers.errors import ObjectMissing, TransientError, detached
 
 CRLF = b"\r\n"
 #: SET value bytes unanswered at once, over all connections (the store window).
@@ -175,12 +173,6 @@ class FastIO:
             self.pool.release(conn)
             return result
 
-    def _scratch(self, n: int) -> memoryview:
-        buf = getattr(self._local, "scratch", None)
-        if buf is None or len(buf) < n:
-            buf = self._local.scratch = bytearray(max(n, 1 << 20))
-        return memoryview(buf)[:n]
-
     def _readbuf(self) -> bytearray:
         buf = getattr(self._local, "readbuf", None)
         if buf is None:
@@ -189,9 +181,10 @@ class FastIO:
 
     # -- store -------------------------------------------------------------------------
     def set_many(
-        self, frames: Sequence[tuple[bytes, bytes | bytearray, Any]], ttl_s: int | None
+        self, values: Sequence[tuple[bytes, Sequence[Buffer]]], ttl_s: int | None
     ) -> list[bool | BaseException]:
-        """``SET key header+payload NX [EX ttl]`` per ``(key, header, payload)``.
+        """``SET key value NX [EX ttl]`` per ``(key, parts)``, the value being the
+        parts back to back.
 
         Returns per item True (written), False (existed) or the server's error
         (e.g. OutOfMemoryError). Connection errors raise (after retries).
@@ -209,17 +202,20 @@ class FastIO:
             nargs = 6
         # Per command: the pieces to write (small parts joined, big payloads as is).
         cmds: list[tuple[list[Any], int]] = []
-        for key, header, payload in frames:
-            total = len(header) + len(payload)
+        for key, parts in values:
+            total = sum(len(p) for p in parts)
+            pieces: list[Any] = []
             small = bytearray(b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n"
                               % (nargs, len(key), key, total))
-            small += header
-            if len(payload) < 65536:
-                small += payload
-                small += tail
-                cmds.append(([bytes(small)], total))
-            else:
-                cmds.append(([bytes(small), payload, tail], total))
+            for part in parts:
+                if len(part) < 65536:
+                    small += part
+                else:  # a big part (a row) goes as it is: no copy
+                    pieces += [bytes(small), part]
+                    small = bytearray()
+            small += tail
+            pieces.append(bytes(small))
+            cmds.append((pieces, total))
 
         def op(conn: Any) -> list[bool | BaseException]:
             out: list[bool | BaseException] = []
@@ -273,11 +269,12 @@ class FastIO:
             self._window_cv.notify_all()
 
     # -- load --------------------------------------------------------------------------
-    def get_many(self, keys: Sequence[bytes], items: Sequence[Any], codec: FrameCodec,
-                 ttl_s: int | None) -> list[int | BaseException]:
-        """GET (GETEX EX ttl) each key and decode it into ``items[i].dest``.
+    def get_many(self, keys: Sequence[bytes], parts: Sequence[Sequence[memoryview]],
+                 ttl_s: int | None) -> list[Placed | BaseException]:
+        """GET (GETEX EX ttl) each key, its value's bytes into ``parts[i]`` in order.
 
-        Per item: the frame's size (loaded and verified), ObjectMissing, ObjectCorrupt or
+        Per key: ``(bytes placed, value size, None)`` (a value longer than its
+        parts fills them; the rest is read and dropped), ObjectMissing, or
         TransientError (a server error reply). Connection errors raise.
         """
         if ttl_s:
@@ -288,7 +285,7 @@ class FastIO:
             cmds = [b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys]
         fixed = self.get_depth
 
-        def op(conn: Any) -> list[int | BaseException]:
+        def op(conn: Any) -> list[Placed | BaseException]:
             # On a near server, at most GET_DEPTH GETs unanswered on this
             # connection: the server copies each reply into its output buffers
             # as soon as it reads the GET, so a deeper pipeline only makes it
@@ -308,22 +305,23 @@ class FastIO:
                 self._first_byte_s.append(time.perf_counter() - t0)
                 self.far = min(tuple(self._first_byte_s)) > FAR_S
                 depth = len(cmds) if self.far else GET_DEPTH
-            out: list[int | BaseException] = []
-            for i, (key, item) in enumerate(zip(keys, items, strict=True)):
+            out: list[Placed | BaseException] = []
+            for i, (key, into) in enumerate(zip(keys, parts, strict=True)):
                 if sent < len(cmds) and sent < i + depth:
                     upto = min(len(cmds), i + depth)
                     conn.send_packed_command([b"".join(cmds[sent:upto])], check_health=False)
                     sent = upto
-                out.append(self._read_value(reader, key, item, codec))
+                out.append(self._read_value(reader, key, into))
             if reader.pos != reader.end:
                 raise _ProtocolError("unexpected bytes after the last reply")
             return out
 
         return self._with_connection(op)
 
-    def _read_value(self, r: _Reader, key: bytes, item: Any, codec: FrameCodec
-                    ) -> int | BaseException:
-        """Read one GET reply into ``item.dest`` through :meth:`FrameCodec.receive`."""
+    @staticmethod
+    def _read_value(r: _Reader, key: bytes, parts: Sequence[memoryview]
+                    ) -> Placed | BaseException:
+        """Read one GET reply into ``parts``, to its end (what does not fit is dropped)."""
         line = r.readline()
         kind, rest = line[:1], line[1:]
         if kind == b"-":
@@ -335,37 +333,16 @@ class FastIO:
         n = int(rest)
         if n < 0:  # RESP2 null bulk
             return ObjectMissing(key.decode(errors="replace"))
-        head = self._scratch_head(min(n, FIRST_READ))
-        r.readinto(head)
-        consumed = len(head)
-        # Errors kept as results are detached: their tracebacks would hold
-        # this frame and with it the row (a view of vLLM's primary memory).
-        try:
-            try:
-                frame = codec.receive(item.key, head, n, item.dest, self._scratch)
-            except ObjectCorrupt as exc:
-                r.skip(n - consumed)
-                consumed = n
-                return detached(exc)
-            # A raw payload lands straight in the row (one kernel copy).
-            r.readinto(frame.remaining)
-            consumed = n
-            try:
-                item.crc = frame.finish()
-            except ObjectCorrupt as exc:
-                return detached(exc)
-            return n
-        finally:
-            # Consumed to the end: eat the CRLF. Otherwise an exception is on its
-            # way out and the connection will be dropped.
-            if consumed >= n:
-                r.expect_crlf()
-
-    def _scratch_head(self, n: int) -> memoryview:
-        buf = getattr(self._local, "head", None)
-        if buf is None:
-            buf = self._local.head = bytearray(FIRST_READ)
-        return memoryview(buf)[:n]
+        placed = 0
+        for part in parts:  # a raw row's payload lands in the row itself
+            take = min(len(part), n - placed)
+            if take <= 0:
+                break
+            r.readinto(part[:take])
+            placed += take
+        r.skip(n - placed)
+        r.expect_crlf()
+        return placed, n, None
 
 
 #: redis-py releases whose connection internals :func:`raw_socket` was written for

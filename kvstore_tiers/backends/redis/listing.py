@@ -1,9 +1,10 @@
 """Listing a redis tier's blocks for administration (stats, verify, gc).
 
 SCAN (every primary in a cluster) + one pipeline of STRLEN and GETRANGE of
-the frame's first bytes per 256 keys; an object's time is its frame's
-``created_ms`` (Redis keeps no write time), 0 for a value that is not a
-frame. Reading the first bytes counts as an access for Redis's LRU clock.
+the value's first :data:`~kvstore_tiers.backends.base.LISTING_HEAD` bytes per
+256 keys: Redis keeps no write time, so the listing gives those bytes and
+the core reads the time its writer recorded there. Reading the first bytes
+counts as an access for Redis's LRU clock.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from kvstore_tiers.backends.base import ObjectInfo
-from kvstore_tiers.frame import LISTING_READ, created_ms
+from kvstore_tiers.backends.base import LISTING_HEAD, ObjectInfo
 from kvstore_tiers.naming import SUFFIX
 
 #: Keys per pipeline of STRLEN + GETRANGE.
@@ -25,16 +25,17 @@ Runner = Callable[..., list[Any]]
 def iter_objects(client: Any, run: Runner, key_prefix: str, prefix: str = ""
                  ) -> Iterator[ObjectInfo]:
     """Every block under ``key_prefix + prefix``: name (without ``key_prefix``),
-    frame size, creation time."""
+    size, and its first bytes (no time: Redis keeps none)."""
     for key, size, head in _scan_frames(client, run, key_prefix + prefix):
-        yield ObjectInfo(key[len(key_prefix):], size, created_s(head))
+        yield ObjectInfo(key[len(key_prefix):], size, None,
+                         bytes(head) if isinstance(head, (bytes, bytearray)) else b"")
 
 
 def _scan_frames(client: Any, run: Runner, prefix: str) -> Iterator[tuple[str, int, Any]]:
     def head(p: Any, keys: Sequence[str]) -> None:
         for k in keys:
             p.strlen(k)
-            p.getrange(k, 0, LISTING_READ - 1)
+            p.getrange(k, 0, LISTING_HEAD - 1)
 
     def flush(batch: Sequence[str]) -> Iterator[tuple[str, int, Any]]:
         replies = run(head, batch, per=2)
@@ -60,9 +61,3 @@ def _scan_frames(client: Any, run: Runner, prefix: str) -> Iterator[tuple[str, i
 def _glob_escape(text: str) -> str:
     """Escape glob metacharacters for SCAN MATCH."""
     return "".join("\\" + c if c in "*?[]\\" else c for c in text)
-
-
-def created_s(head: Any) -> float:
-    """Creation time (s since the epoch) of the frame starting with ``head``; 0 if none."""
-    ms = created_ms(head) if isinstance(head, (bytes, bytearray)) else None
-    return 0.0 if ms is None else ms / 1000.0

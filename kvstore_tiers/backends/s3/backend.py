@@ -12,9 +12,11 @@ call the synchronous methods below, which submit a coroutine to that loop and wa
 deadline (``request_deadline_s``). An ``asyncio.Semaphore`` of
 ``max_concurrency`` bounds the requests in flight, so hundreds of requests
 overlap without a thread each. The chunks of one pool task (``tuning``) go
-out concurrently (``store_many``/``load_many``/``exists_many`` gather).
-Frames are encoded and decoded on the pool threads (zstd and CRC-32C release
-the GIL); the loop thread only does HTTP (docs/s3.md: why aiobotocore).
+out concurrently (``write_many``/``read_many``/``exists_many`` gather).
+The core encodes and decodes frames on the pool threads (zstd and CRC-32C
+release the GIL); the loop thread only does HTTP (docs/s3.md: why
+aiobotocore), and a pool thread copies each GET's body into the buffers the
+core planned for it as the body lands.
 
 Admin paths use boto3: the start-up probe and bucket creation in
 :mod:`.probe`, listing and lifecycle expiry in :mod:`.lifecycle`.
@@ -28,7 +30,7 @@ Admin paths use boto3: the start-up probe and bucket creation in
   Frames are megabytes, far below the 5 GiB single-PUT limit, so there is
   no multipart path.
 * Errors: 404 on GET -> ObjectMissing; a frame that does not check out is
-  ObjectCorrupt (raised by the core's codec; the core deletes the object).
+  ObjectCorrupt (raised by the core's frame checks; the core deletes the object).
   5xx, SlowDown/throttling, resets and timeouts are retried by botocore's
   retry config (``retry_mode``, ``max_attempts``), then -> TransientError,
   as is a batch that passes ``request_deadline_s``. A short
@@ -52,9 +54,12 @@ from kvstore_tiers.backends.base import (
     Backend,
     Buffer,
     IOTuning,
-    LoadItem,
     ObjectInfo,
-    StoreItem,
+    Read,
+    ReadDone,
+    Write,
+    Written,
+    scatter,
 )
 from kvstore_tiers.backends.s3.client import (
     MISSING_CODES,
@@ -69,9 +74,7 @@ from kvstore_tiers.backends.s3.lifecycle import iter_objects as _iter_objects
 from kvstore_tiers.backends.s3.negative_cache import NegativeCache
 from kvstore_tiers.backends.s3.probe import probe as _probe
 from kvstore_tiers.backends.s3.record import keep_fresh, record_put_args
-from kvstore_tiers.batching import encode_batch
 from kvstore_tiers.errors import ObjectMissing, TransientError, classify
-from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.ratelimit import RateLimitedLogger
 
 logger = logging.getLogger(__name__)
@@ -92,7 +95,6 @@ class S3Backend(Backend):
     config_model = S3Config
     remote = True
     supports_delete_many = True
-    supports_batches = True
 
     @property
     def tuning(self) -> IOTuning:
@@ -354,35 +356,41 @@ class S3Backend(Backend):
         return _iter_objects(self.config, prefix)
 
     # -- batches (what the core calls) -------------------------------------------
-    def store_many(
-        self, items: Sequence[StoreItem], codec: FrameCodec
-    ) -> list[int | BaseException]:
-        """Encode on this (pool) thread, then PUT the whole batch concurrently."""
-        out, encoded = encode_batch(items, codec)
-        coros: list[Coroutine[Any, Any, bool]] = [
-            self._put(self.prefix + items[i].name, self._body((h, p))) for i, h, p in encoded
-        ]
+    def write_many(self, writes: Sequence[Write]) -> list[Written]:
+        """PUT the whole batch concurrently: per write the bytes written, 0 existed."""
+        if not writes:
+            return []
+        out: list[Written] = []
+        coros: list[Coroutine[Any, Any, bool]] = []
+        sent: list[int] = []
+        for i, w in enumerate(writes):
+            try:
+                body = self._body(w.parts)
+            except Exception as exc:
+                out.append(classify(exc))
+                continue
+            out.append(0)
+            coros.append(self._put(self.prefix + w.name, body))
+            sent.append(i)
         if coros:
             try:
                 results = self._run(self._gather(coros))
             except Exception as exc:
                 err = classify(exc)
                 results = [err] * len(coros)
-            for (i, h, p), res in zip(encoded, results, strict=True):
-                out[i] = (classify(backend_error(self.config, res, f"PUT {items[i].name}"))
-                          if isinstance(res, BaseException) else len(h) + len(p) if res else 0)
+            for i, res in zip(sent, results, strict=True):
+                out[i] = (classify(backend_error(self.config, res, f"PUT {writes[i].name}"))
+                          if isinstance(res, BaseException)
+                          else sum(len(p) for p in writes[i].parts) if res else 0)
         return out
 
-    def load_many(
-        self, items: Sequence[LoadItem], codec: FrameCodec
-    ) -> list[int | BaseException]:
-        """GET the whole batch concurrently; decode each frame on this thread as it lands.
-
-        Decoding overlaps the batch's remaining GETs (instead of starting once the
-        slowest one is in), so a task's decode tail is one frame, not a batch.
-        """
-        if not items:
-            return []
+    def read_many(self, reads: Sequence[Read]) -> Iterator[ReadDone]:
+        """GET the whole batch concurrently; as each body lands, copy it into its
+        read's buffers on this (pool) thread and yield it, so the core checks
+        and decodes a frame while the batch's other GETs are still on the wire
+        (a task's decode tail is one frame, not a batch)."""
+        if not reads:
+            return
         # queue.Queue, not SimpleQueue: CPython 3.11's SimpleQueue.get(timeout=)
         # can wait past its deadline (see kvstore_tiers.pool), and this
         # timeout is the batch's request_deadline_s.
@@ -395,35 +403,30 @@ class S3Backend(Backend):
                 landed.put((i, exc))
 
         async def batch() -> None:
-            await asyncio.gather(*(one(i, self.prefix + it.name) for i, it in enumerate(items)))
+            await asyncio.gather(*(one(i, self.prefix + r.name) for i, r in enumerate(reads)))
 
         deadline_s = self.config.request_deadline_s
         try:
             fut = self._loop.submit(batch())
         except TransientError as exc:
-            return [exc] * len(items)
+            for i in range(len(reads)):
+                yield i, exc
+            return
         deadline = time.monotonic() + deadline_s
-        out: list[int | BaseException] = [0] * len(items)
-        pending = set(range(len(items)))
+        pending = set(range(len(reads)))
         while pending:
             try:
-                i, frame = landed.get(timeout=max(0.0, deadline - time.monotonic()))
+                i, body = landed.get(timeout=max(0.0, deadline - time.monotonic()))
             except queue.Empty:
                 fut.cancel()
-                late = TransientError(f"s3 requests did not finish within {deadline_s}s")
-                for j in pending:
-                    out[j] = classify(late)
-                break
+                late = classify(TransientError(f"s3 requests did not finish within {deadline_s}s"))
+                for j in sorted(pending):
+                    yield j, late
+                return
             pending.discard(i)
-            item = items[i]
-            if isinstance(frame, BaseException):
-                err = frame if isinstance(frame, TransientError) else \
-                    backend_error(self.config, frame, f"GET {item.name}")
-                out[i] = classify(err)
+            if isinstance(body, BaseException):
+                err = body if isinstance(body, TransientError) else \
+                    backend_error(self.config, body, f"GET {reads[i].name}")
+                yield i, classify(err)
                 continue
-            try:
-                item.crc = codec.decode_into(item.key, frame, item.dest).row_checksum
-                out[i] = len(frame)
-            except Exception as exc:
-                out[i] = classify(exc)
-        return out
+            yield i, (scatter(body, reads[i].parts), len(body), None)

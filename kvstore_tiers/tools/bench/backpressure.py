@@ -23,9 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvstore_tiers.backends.base import Result, StoreItem
+from kvstore_tiers.backends.base import Write, Written
 from kvstore_tiers.backends.fs import FileSystemBackend
-from kvstore_tiers.frame import FrameCodec
 from kvstore_tiers.tier import KVStoreTier
 
 
@@ -54,10 +53,9 @@ THROTTLE = _WriteThrottle()
 class ThrottledFsBackend(FileSystemBackend):
     """fs backend whose stores take at least their bytes / ``THROTTLE.rate``."""
 
-    def store_many(self, items: Sequence[StoreItem], codec: FrameCodec
-                   ) -> list[Result]:
-        THROTTLE.wait(sum(it.src.nbytes for it in items))
-        return super().store_many(items, codec)
+    def write_many(self, writes: Sequence[Write]) -> list[Written]:
+        THROTTLE.wait(sum(len(p) for w in writes for p in w.parts))
+        return super().write_many(writes)
 
 
 class ThrottledFsTier(KVStoreTier):

@@ -762,8 +762,8 @@ def test_a_full_disk_is_no_space_left_not_an_io_error(io, tmp_path: Path) -> Non
 
 
 def test_the_fs_tier_reports_a_full_disk_as_no_space_left(tmp_path: Path) -> None:
-    from kvstore_tiers.backends.base import StoreItem
     from kvstore_tiers.backends.fs import FileSystemBackend, FsConfig
+    from kvstore_tiers.batching import StoreItem, store_many
     from kvstore_tiers.codecs import CodecId
     from kvstore_tiers.errors import TransientError
     from kvstore_tiers.frame import FrameCodec
@@ -778,7 +778,7 @@ def test_the_fs_tier_reports_a_full_disk_as_no_space_left(tmp_path: Path) -> Non
         results = []
         for i in range(24):
             key = i.to_bytes(32, "big") + bytes(4)
-            results += backend.store_many([StoreItem(ns.object_name(key), key, row)], codec)
+            results += store_many(backend, [StoreItem(ns.object_name(key), key, row)], codec)
         failed = [r for r in results if isinstance(r, BaseException)]
         assert failed and all(isinstance(r, TransientError) for r in failed)
         assert all("No space left on device" in str(r) for r in failed), failed[0]
@@ -792,8 +792,8 @@ def test_a_store_sends_a_row_whose_checksum_is_known_without_asking_for_one(
     checksummed again; one without is checksummed by the publish call. Both
     frames carry the row's CRC-32C."""
     crc32c = pytest.importorskip("crc32c")
-    from kvstore_tiers.backends.base import StoreItem
     from kvstore_tiers.backends.fs import FileSystemBackend, FsConfig
+    from kvstore_tiers.batching import StoreItem, store_many
     from kvstore_tiers.codecs import CodecId
     from kvstore_tiers.frame import CHECKSUM_AT, FrameCodec, parse_header
     from kvstore_tiers.namespace import Namespace
@@ -810,7 +810,7 @@ def test_a_store_sends_a_row_whose_checksum_is_known_without_asking_for_one(
     keys = [i.to_bytes(32, "big") + bytes(4) for i in range(2)]
     items = [StoreItem(ns.object_name(keys[0]), keys[0], rows[0]),
              StoreItem(ns.object_name(keys[1]), keys[1], rows[1], crc32c.crc32c(rows[1]))]
-    assert all(isinstance(r, int) and r > 0 for r in backend.store_many(items, codec))
+    assert all(isinstance(r, int) and r > 0 for r in store_many(backend, items, codec))
     assert sent == [(1, CHECKSUM_AT) if fileio.PUBLISH_CRC else (), ()]
     for item, row in zip(items, rows, strict=True):
         assert parse_header(Path(backend.path(item.name)).read_bytes()).checksum == \

@@ -36,7 +36,7 @@ def test_concurrent_batches_through_the_window_store_every_value(
     lock = threading.Lock()
 
     def writer(t: int) -> None:
-        frames = [(b"w:%d:%d" % (t, i), header, bytes([t * 16 + i]) * VALUE)
+        frames = [(b"w:%d:%d" % (t, i), (header, bytes([t * 16 + i]) * VALUE))
                   for i in range(6)]
         got = fio.set_many(frames, ttl_s=None)
         again = fio.set_many(frames[:2], ttl_s=None)  # NX: already there
@@ -61,7 +61,7 @@ def test_concurrent_batches_through_the_window_store_every_value(
 def test_window_is_given_back_when_the_server_dies_mid_batch(
         redis_server: RedisServer) -> None:
     fio = _fastio(redis_server, 2 * VALUE)
-    frames = [(b"d:%d" % i, b"h" * 64, b"x" * VALUE) for i in range(8)]
+    frames = [(b"d:%d" % i, (b"h" * 64, b"x" * VALUE)) for i in range(8)]
     assert fio.set_many(frames[:1], ttl_s=None) == [True]
     redis_server.kill()
     with pytest.raises((redis.ConnectionError, OSError)):
