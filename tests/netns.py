@@ -21,10 +21,11 @@ among the subnets no interface of the root namespace uses.
   started, by PID, deletes the rules, then the namespaces, which takes their
   veths and the bridge with them. It runs whatever failed before it.
 
-Needs root and a kernel with network namespaces; :func:`require_netns` skips
-a test with the reason when either is missing. The ``ip`` (iproute2) and
-``iptables`` commands are required where those hold: a missing one fails the
-test naming its Debian package.
+Needs CAP_NET_ADMIN and CAP_SYS_ADMIN, a kernel with network namespaces, and
+the ``ip`` (iproute2) and ``iptables`` commands: :func:`require_netns` skips a
+test with the reason when any is missing or a throw-away namespace cannot be
+made (:func:`kvstore_tiers.tools.netem.capability.unavailable`, the one check
+the bench's capped links use too).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import atexit
 import contextlib
 import ipaddress
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -45,10 +45,10 @@ from typing import Any
 
 import pytest
 
+from kvstore_tiers.tools.netem import capability
+
 #: The private /16 every fabric's /24 comes from.
 FABRIC_NET = ipaddress.ip_network("10.199.0.0/16")
-#: Commands and the Debian packages that have them.
-TOOLS = {"ip": "iproute2", "iptables": "iptables"}
 
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -56,20 +56,11 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def require_netns() -> None:
-    """Skip unless this process is root and the kernel has network namespaces;
-    fail naming the package when a command the fabric runs is missing."""
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root (CAP_SYS_ADMIN, CAP_NET_ADMIN)")
-    if not os.path.exists("/proc/self/ns/net"):
-        pytest.skip("this kernel has no network namespaces (CONFIG_NET_NS)")
-    for tool, package in TOOLS.items():
-        if shutil.which(tool) is None:
-            pytest.fail(f"`{tool}` is missing: apt-get install {package}")
-    probe = f"kvt-probe-{uuid.uuid4().hex[:6]}"
-    made = _run("ip", "netns", "add", probe, check=False)
-    if made.returncode != 0:
-        pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
-    _run("ip", "netns", "del", probe, check=False)
+    """Skip, with the reason, unless this process can build namespaces, veth pairs,
+    netfilter rules and qdiscs here (:mod:`kvstore_tiers.tools.netem.capability`)."""
+    why = capability.unavailable()
+    if why:
+        pytest.skip(why)
 
 
 def _free_subnet() -> ipaddress.IPv4Network:

@@ -13,6 +13,7 @@ import pytest
 
 from kvstore_tiers.tools.netem import link
 from kvstore_tiers.tools.netem.delay import delay_proxy
+from tests.netns import require_netns
 
 RTT_MS = 200
 #: Scheduling slack on a busy 2-core machine (a CI run's other tests, the proxy's own
@@ -136,10 +137,10 @@ def test_an_eof_is_forwarded_after_the_delay(peer: Peer) -> None:
         c.close()
 
 
-@pytest.mark.skipif(link.available() is not None, reason=str(link.available()))
 def test_a_capped_link_caps_bandwidth(peer: Peer) -> None:
     """8 MB through a 100 Mbit/s link take at least 0.6 s (0.67 s at the rate, TBF's
     10 ms burst aside); through loopback they take a few ms."""
+    require_netns()
     body = b"z" * (8 << 20)
     with link.CappedLink(100) as capped, delay_proxy(
             ("127.0.0.1", peer.port), 0, host=capped.inner, netns=capped.netns) as addr:

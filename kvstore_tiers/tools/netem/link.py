@@ -7,8 +7,9 @@ ends, so each direction is capped. Its queue holds a second of the rate: a
 cap, not a lossy link (a shallow queue drops a fresh connection's SYN-ACK
 behind 64 downloads, and its retry comes a second later). A socket listening at :attr:`inner` inside
 the namespace (:mod:`kvstore_tiers.tools.netem.delay` with ``netns=``) is
-reached from here only through the capped pair. Needs root and iproute2 (``ip``,
-``tc``); :func:`available` says whether this machine can. Everything is removed
+reached from here only through the capped pair. Needs CAP_NET_ADMIN, CAP_SYS_ADMIN and
+iproute2 (``ip``, ``tc``): :func:`kvstore_tiers.tools.netem.capability.unavailable` says
+whether this process can. Everything is removed
 on exit (deleting the namespace deletes its end of the pair, and with it ours).
 """
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import subprocess
 from types import TracebackType
 
@@ -28,16 +28,6 @@ def _ip(*args: str, netns: str | None = None) -> None:
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     if res.returncode != 0:
         raise OSError(f"{' '.join(cmd)}: {res.stderr.strip()}")
-
-
-def available() -> str | None:
-    """None when a CappedLink can be made here, else why not."""
-    if os.geteuid() != 0:
-        return "needs root (network namespaces)"
-    missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
-    if missing:
-        return f"{' and '.join(missing)} not found (apt-get install iproute2)"
-    return None
 
 
 def _free_subnet() -> int:
