@@ -46,6 +46,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from kvstore_tiers.tools.children import die_with_parent
+
 # ------------------------------------------------------------------------- redis
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
@@ -537,14 +539,6 @@ def need_rgw() -> dict[str, str]:
     return {name: str(path) for name, path in found.items()}
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Have the kernel SIGKILL this child when the test process dies, even by
-    SIGKILL: no daemon outlives an interrupted run."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 class RgwServer(WholeOrNothing):
     """A real S3 server: Ceph RGW 16 on one machine, started and stopped by us.
 
@@ -634,7 +628,7 @@ class RgwServer(WholeOrNothing):
         log = open(self.workdir / "log" / f"{name}.stderr", "ab")  # noqa: SIM115
         self.procs[name] = subprocess.Popen(
             [binary, "-f", "-c", str(self.conf), *args], stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+            stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         log.close()
 
     def _run(self, *cmd: str, timeout: float = 60) -> str:

@@ -14,6 +14,7 @@ import pytest
 from kvstore_tiers.tools.netem import link
 from kvstore_tiers.tools.netem.delay import delay_proxy
 from tests.netns import require_netns
+from tests.orphans import children_die_with_parent
 
 RTT_MS = 200
 #: Scheduling slack on a busy 2-core machine (a CI run's other tests, the proxy's own
@@ -154,3 +155,12 @@ def test_a_capped_link_caps_bandwidth(peer: Peer) -> None:
     assert took >= 0.6, took
     assert capped.netns not in link.subprocess.run(
         ["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_a_proxy_dies_with_the_process_that_started_it(peer: Peer) -> None:
+    """A test process killed by SIGKILL runs no ``finally``: the kernel kills its proxy."""
+    _, children = children_die_with_parent(
+        "from kvstore_tiers.tools.netem.delay import delay_proxy\n"
+        f"proxy = delay_proxy(('127.0.0.1', {peer.port}), 5)\n"
+        "proxy.__enter__()\n")
+    assert len(children) == 1

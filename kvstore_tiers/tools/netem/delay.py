@@ -46,6 +46,8 @@ import tempfile
 from collections import deque
 from collections.abc import Iterator
 
+from kvstore_tiers.tools.children import die_with_parent
+
 READ = 256 << 10
 WINDOW = 64 << 20
 CLONE_NEWNET = 0x40000000
@@ -176,7 +178,8 @@ def delay_proxy(upstream: tuple[str, int], rtt_ms: float, *, host: str = "127.0.
                 ) -> Iterator[tuple[str, int]]:
     """A proxy process in front of ``upstream`` adding ``rtt_ms`` per round trip (and one
     more to a connection's first bytes with ``handshake``); yields the ``(host, port)`` to
-    connect to and stops the process by its PID."""
+    connect to and stops the process by its PID (the kernel kills it if this process dies
+    first: :mod:`kvstore_tiers.tools.children`)."""
     cmd = [sys.executable, "-m", "kvstore_tiers.tools.netem.delay", "--upstream",
            f"{upstream[0]}:{upstream[1]}", "--rtt-ms", str(rtt_ms), "--listen", host]
     if netns:
@@ -186,7 +189,8 @@ def delay_proxy(upstream: tuple[str, int], rtt_ms: float, *, host: str = "127.0.
     # stderr to a file, not a pipe nobody drains while the proxy runs (a full pipe would
     # block it); its start line is waited for with a bound, never read blindly.
     with tempfile.TemporaryFile(mode="w+") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                preexec_fn=die_with_parent)
         try:
             assert proc.stdout is not None
             ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)
