@@ -158,6 +158,10 @@ class Fabric:
         self._procs.append(proc)
         return proc
 
+    def adopt(self, proc: subprocess.Popen[Any]) -> None:
+        """Stop ``proc`` (started inside one of the namespaces) by PID at teardown."""
+        self._procs.append(proc)
+
     def wait_tcp(self, netns: str, address: str, port: int, timeout_s: float = 30.0) -> None:
         """Wait until ``address:port`` accepts a connection from inside ``netns``."""
         probe = (f"import socket; socket.create_connection(({address!r}, {port}), "

@@ -2,8 +2,8 @@
 
 Three hosts, each its own network namespace running vLLM's real
 TieringOffloadingManager with our tier (tests/fleet/host.py), share one
-server in a fourth namespace (tests/fleet/shared.py: redis-server, moto S3;
-the server is a parameter). Every host serves the same prompts, already in
+server in a fourth namespace (tests/fleet/shared.py: redis-server, moto S3
+and Ceph RGW; the server is a parameter). Every host serves the same prompts, already in
 the tier, so before the cut every block of every request is promoted from
 it. Then netfilter drops every packet between host ``cut`` and the server
 (tests/netns.py), and later lets them through again. What must hold:
@@ -36,7 +36,7 @@ from tests.faults.common import STEP_BOUND_S
 from tests.netns import Fabric
 
 from .conftest import REPORTS, TIMELINES
-from .shared import SharedMoto, SharedRedis, SharedServer
+from .shared import SharedMoto, SharedRedis, SharedRgw, SharedServer
 from .timeline import HostTimeline, describe, host_timeline
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ class HostProcess:
 
 #: The shared servers: every host runs one engine on each. A server that
 #: implements tests/fleet/shared.py's SharedServer joins the test by being listed here.
-SERVERS: list[SharedServer] = [SharedRedis(), SharedMoto()]
+SERVERS: list[SharedServer] = [SharedRedis(), SharedMoto(), SharedRgw()]
 
 
 @pytest.mark.timeout(600)  # three hosts each import vLLM (tens of seconds on 2 cores)

@@ -47,10 +47,10 @@ from collections import deque
 from collections.abc import Iterator
 
 from kvstore_tiers.tools.children import die_with_parent
+from kvstore_tiers.tools.netem import namespaces
 
 READ = 256 << 10
 WINDOW = 64 << 20
-CLONE_NEWNET = 0x40000000
 #: How long a proxy process may take to say it listens (it imports only asyncio).
 START_TIMEOUT_S = 30.0
 
@@ -138,25 +138,9 @@ async def _serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
 
 def _listen_in(netns: str | None, host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port``, made inside network namespace ``netns``
-    (None: this one). Only this thread enters the namespace, and leaves it at once."""
-    import ctypes
-
-    if netns is None:
+    (None: this one)."""
+    with namespaces.inside(netns):
         return socket.create_server((host, port), backlog=512)
-    libc = ctypes.CDLL(None, use_errno=True)
-    here = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    there = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
-    try:
-        if libc.setns(there, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns into {netns}")
-        try:
-            return socket.create_server((host, port), backlog=512)
-        finally:
-            if libc.setns(here, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns back")
-    finally:
-        os.close(here)
-        os.close(there)
 
 
 async def serve(upstream: tuple[str, int], rtt_s: float, host: str = "127.0.0.1",

@@ -1,5 +1,5 @@
-"""Names of the network namespaces netem and the tests make, and removing those a
-killed process left behind.
+"""Network namespaces netem and the tests make: their names, removing those a killed
+process left behind, and entering one from a thread.
 
 A namespace made with ``ip netns add`` outlives the process that made it (a
 bind mount under ``/var/run/netns`` holds it): a process killed by SIGKILL
@@ -12,10 +12,15 @@ reused since by another process keeps its orphans until that process ends.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import re
 import subprocess
 import uuid
+from collections.abc import Iterator
+
+CLONE_NEWNET = 0x40000000
 
 
 def owned_name(prefix: str, tag: str | None = None) -> str:
@@ -46,3 +51,29 @@ def remove_orphans(prefix: str) -> list[str]:
             subprocess.run(["ip", "netns", "del", m.group(0)], capture_output=True, timeout=30)
             gone.append(m.group(0))
     return gone
+
+
+@contextlib.contextmanager
+def inside(netns: str | None) -> Iterator[None]:
+    """Run the block in network namespace ``netns`` (None: where it is): a socket
+    made in it stays in that namespace after the block. Only the calling thread
+    enters (``setns``), and it leaves at the block's end."""
+    if netns is None:
+        yield
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    here = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        there = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
+        try:
+            if libc.setns(there, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), f"setns into {netns}")
+        finally:
+            os.close(there)
+        try:
+            yield
+        finally:
+            if libc.setns(here, CLONE_NEWNET) != 0:
+                raise OSError(ctypes.get_errno(), "setns back")
+    finally:
+        os.close(here)
