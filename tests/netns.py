@@ -9,7 +9,8 @@ among the subnets no interface of the root namespace uses.
 
 * :meth:`Fabric.spawn` starts a process inside a namespace (``ip netns exec``
   execs the command, so the PID is the process's own) and the fabric stops it
-  by that PID at teardown.
+  by that PID at teardown; the kernel kills it if the test process dies
+  first, even by SIGKILL (``PR_SET_PDEATHSIG``).
 * :meth:`Fabric.cut` partitions a host from the server namespace with
   netfilter DROP rules (``iptables``) on both sides: packets from the host
   vanish at the server's INPUT hook and packets from the server vanish at the
@@ -19,12 +20,15 @@ among the subnets no interface of the root namespace uses.
 * :meth:`Fabric.close` (also the context manager's exit, and an ``atexit``
   hook for an interpreter that dies in between) kills every process it
   started, by PID, deletes the rules, then the namespaces, which takes their
-  veths and the bridge with them. It runs whatever failed before it.
+  veths and the bridge with them. It runs whatever failed before it. A test
+  process killed by SIGKILL runs none of it; its namespaces carry its PID
+  (``kvf<pid>-<tag>-srv``, ``-h0``, ...) and the next fabric deletes them.
 
-Needs root and a kernel with network namespaces; :func:`require_netns` skips
-a test with the reason when either is missing. The ``ip`` (iproute2) and
-``iptables`` commands are required where those hold: a missing one fails the
-test naming its Debian package.
+Needs CAP_NET_ADMIN and CAP_SYS_ADMIN, a kernel with network namespaces, and
+the ``ip`` (iproute2) and ``iptables`` commands: :func:`require_netns` skips a
+test with the reason when any is missing or a throw-away namespace cannot be
+made (:func:`kvstore_tiers.tools.netem.capability.unavailable`, the one check
+the bench's capped links use too).
 """
 
 from __future__ import annotations
@@ -33,22 +37,23 @@ import atexit
 import contextlib
 import ipaddress
 import os
-import shutil
 import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from kvstore_tiers.tools.children import die_with_parent
+from kvstore_tiers.tools.netem import capability, namespaces
+
+#: Every fabric's namespaces are ``kvf<pid>-<tag>-...`` (kvstore_tiers/tools/netem/namespaces.py).
+PREFIX = "kvf"
 #: The private /16 every fabric's /24 comes from.
 FABRIC_NET = ipaddress.ip_network("10.199.0.0/16")
-#: Commands and the Debian packages that have them.
-TOOLS = {"ip": "iproute2", "iptables": "iptables"}
 
 
 def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -56,20 +61,11 @@ def _run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 
 def require_netns() -> None:
-    """Skip unless this process is root and the kernel has network namespaces;
-    fail naming the package when a command the fabric runs is missing."""
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root (CAP_SYS_ADMIN, CAP_NET_ADMIN)")
-    if not os.path.exists("/proc/self/ns/net"):
-        pytest.skip("this kernel has no network namespaces (CONFIG_NET_NS)")
-    for tool, package in TOOLS.items():
-        if shutil.which(tool) is None:
-            pytest.fail(f"`{tool}` is missing: apt-get install {package}")
-    probe = f"kvt-probe-{uuid.uuid4().hex[:6]}"
-    made = _run("ip", "netns", "add", probe, check=False)
-    if made.returncode != 0:
-        pytest.skip(f"cannot create a network namespace: {made.stderr.strip()}")
-    _run("ip", "netns", "del", probe, check=False)
+    """Skip, with the reason, unless this process can build namespaces, veth pairs,
+    netfilter rules and qdiscs here (:mod:`kvstore_tiers.tools.netem.capability`)."""
+    why = capability.unavailable()
+    if why:
+        pytest.skip(why)
 
 
 def _free_subnet() -> ipaddress.IPv4Network:
@@ -101,7 +97,7 @@ class Host:
 class Fabric:
     """A server namespace with a bridge, and host namespaces on veths to it."""
 
-    tag: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+    tag: str = field(default_factory=lambda: namespaces.owned_name(PREFIX))
     subnet: ipaddress.IPv4Network = field(default_factory=_free_subnet)
     hosts: dict[str, Host] = field(default_factory=dict)
     _namespaces: list[str] = field(default_factory=list)
@@ -110,9 +106,10 @@ class Fabric:
     _closed: bool = False
 
     def __post_init__(self) -> None:
-        self.server_ns = f"kvt-{self.tag}-srv"
+        self.server_ns = f"{self.tag}-srv"
         self.server_address = str(self.subnet.network_address + 1)
         atexit.register(self.close)
+        namespaces.remove_orphans(PREFIX)
         try:
             self._add_netns(self.server_ns)
             self._ns(self.server_ns, "ip", "link", "add", "br0", "type", "bridge")
@@ -135,7 +132,7 @@ class Fabric:
     def add_host(self, name: str) -> Host:
         """A new namespace with one veth to the bridge and the next address."""
         index = len(self.hosts)
-        netns = f"kvt-{self.tag}-h{index}"
+        netns = f"{self.tag}-h{index}"
         address = str(self.subnet.network_address + 10 + index)
         # Interface names are per namespace; the pair is made in the host's
         # namespace and one end moved to the server's, so the root namespace
@@ -153,10 +150,17 @@ class Fabric:
 
     # ------------------------------------------------------------------ processes
     def spawn(self, netns: str, cmd: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
-        """Start ``cmd`` inside ``netns``; it is killed by PID at teardown."""
-        proc = subprocess.Popen(["ip", "netns", "exec", netns, *cmd], **popen)
+        """Start ``cmd`` inside ``netns``; it is killed by PID at teardown, and by the
+        kernel if this process dies first (start it from the main thread: see
+        :mod:`kvstore_tiers.tools.children`)."""
+        proc = subprocess.Popen(["ip", "netns", "exec", netns, *cmd],
+                                preexec_fn=die_with_parent, **popen)
         self._procs.append(proc)
         return proc
+
+    def adopt(self, proc: subprocess.Popen[Any]) -> None:
+        """Stop ``proc`` (started inside one of the namespaces) by PID at teardown."""
+        self._procs.append(proc)
 
     def wait_tcp(self, netns: str, address: str, port: int, timeout_s: float = 30.0) -> None:
         """Wait until ``address:port`` accepts a connection from inside ``netns``."""

@@ -46,6 +46,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from kvstore_tiers.tools.children import die_with_parent
+from kvstore_tiers.tools.netem import namespaces
+
 # ------------------------------------------------------------------------- redis
 REDIS_SERVER = shutil.which("redis-server")
 REDIS_CLI = shutil.which("redis-cli")
@@ -537,14 +540,6 @@ def need_rgw() -> dict[str, str]:
     return {name: str(path) for name, path in found.items()}
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    """Have the kernel SIGKILL this child when the test process dies, even by
-    SIGKILL: no daemon outlives an interrupted run."""
-    import ctypes
-
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
 class RgwServer(WholeOrNothing):
     """A real S3 server: Ceph RGW 16 on one machine, started and stopped by us.
 
@@ -561,11 +556,18 @@ class RgwServer(WholeOrNothing):
     ``lc_debug_interval_s``: RGW's ``rgw lc debug interval``, the seconds a
     lifecycle "day" lasts (and how often its lifecycle worker runs); -1 for
     real days.
+
+    ``netns``: run every daemon and command inside that network namespace (the
+    mon on its loopback), radosgw listening on ``host`` there (its address on
+    the namespace's own network: tests/fleet's shared server).
     """
 
     def __init__(self, workdir: Path, *, tls: bool = True, lc_debug_interval_s: int = 10,
-                 access_key: str = FAKE_KEY_ID, secret_key: str = FAKE_SECRET) -> None:
+                 access_key: str = FAKE_KEY_ID, secret_key: str = FAKE_SECRET,
+                 host: str = "127.0.0.1", netns: str | None = None) -> None:
         self.bin = need_rgw()
+        self.host, self.netns = host, netns
+        self._in_netns = ["ip", "netns", "exec", netns] if netns else []
         self.workdir = workdir
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.mon_port = free_low_port()
@@ -579,25 +581,25 @@ class RgwServer(WholeOrNothing):
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def tls_endpoint(self) -> str:
         assert self.tls_port is not None, "started without tls"
-        return f"https://127.0.0.1:{self.tls_port}"
+        return f"https://{self.host}:{self.tls_port}"
 
     # -- start ----------------------------------------------------------------
     def _start(self) -> None:
         d = self.workdir
         for sub in ("mon/ceph-a", "osd/ceph-0", "rgw", "run", "log", "tls"):
             (d / sub).mkdir(parents=True, exist_ok=True)
-        frontend = f"beast endpoint=127.0.0.1:{self.port}"
+        frontend = f"beast endpoint={self.host}:{self.port}"
         if self.tls_port is not None:
             from tests.pki import make_pki
 
             pki = make_pki(d / "tls")
             self.ca = pki["ca"]
-            frontend += (f" ssl_endpoint=127.0.0.1:{self.tls_port}"
+            frontend += (f" ssl_endpoint={self.host}:{self.tls_port}"
                          f" ssl_certificate={pki['server_cert']}"
                          f" ssl_private_key={pki['server_key']}")
         fsid = str(uuid.uuid4())
@@ -633,12 +635,13 @@ class RgwServer(WholeOrNothing):
     def _spawn(self, name: str, binary: str, *args: str) -> None:
         log = open(self.workdir / "log" / f"{name}.stderr", "ab")  # noqa: SIM115
         self.procs[name] = subprocess.Popen(
-            [binary, "-f", "-c", str(self.conf), *args], stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+            [*self._in_netns, binary, "-f", "-c", str(self.conf), *args], stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, preexec_fn=die_with_parent)
         log.close()
 
     def _run(self, *cmd: str, timeout: float = 60) -> str:
-        res = subprocess.run(cmd, capture_output=True, timeout=timeout,
+        res = subprocess.run([*self._in_netns, *cmd], capture_output=True, timeout=timeout,
                              env={**os.environ, "CEPH_CONF": str(self.conf)})
         if res.returncode != 0:
             raise RuntimeError(f"{Path(cmd[0]).name} {' '.join(cmd[1:3])} failed "
@@ -660,7 +663,9 @@ class RgwServer(WholeOrNothing):
 
     def _answers(self) -> bool:
         try:
-            urllib.request.urlopen(self.endpoint, timeout=2).read()
+            with namespaces.inside(self.netns):  # the connection is made in the namespace
+                answer = urllib.request.urlopen(self.endpoint, timeout=2)
+            answer.read()
         except urllib.error.HTTPError:
             return True  # any S3 answer (an error document) means it serves
         except OSError:

@@ -23,14 +23,21 @@ BLOCK = 128
 FOREIGN_SALT = "e2e-foreign-namespace"
 
 
+def phase_spec(name: str, model: Path, tiers: list[dict[str, Any]] | None,
+               plan: PromptPlan = TINY_PLAN, env: dict[str, str] | None = None,
+               dtype: str = "float32", kv_cache_dtype: str = "auto") -> PhaseSpec:
+    """The e2e tests' engine: tiny, float32, greedy, one process, no warm-up."""
+    return PhaseSpec(name=name, model=str(model), plan=plan, secondary_tiers=tiers,
+                     max_tokens=8, block_size=BLOCK, single_process=True, env=env or {},
+                     dtype=dtype, kv_cache_dtype=kv_cache_dtype,
+                     warmup_tokens=0)  # 0: keeps object counts exact
+
+
 def run(name: str, model: Path, tiers: list[dict[str, Any]] | None, work: Path,
         plan: PromptPlan = TINY_PLAN, env: dict[str, str] | None = None,
         dtype: str = "float32", kv_cache_dtype: str = "auto") -> dict[str, Any]:
     """One phase in a new process (see kvstore_tiers.tools.demo.phase)."""
-    spec = PhaseSpec(name=name, model=str(model), plan=plan, secondary_tiers=tiers,
-                     max_tokens=8, block_size=BLOCK, single_process=True, env=env or {},
-                     dtype=dtype, kv_cache_dtype=kv_cache_dtype,
-                     warmup_tokens=0)  # 0: keeps object counts exact
+    spec = phase_spec(name, model, tiers, plan, env, dtype, kv_cache_dtype)
     return run_phase(spec, work, timeout_s=600)
 
 

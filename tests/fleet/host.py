@@ -38,6 +38,7 @@ from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.admin.harness import Harness, build_harness, make_keys, rows_for
 from tests.faults.common import SCHEDULER_METHODS
+from tests.fleet.control import wait_for_go
 
 HIT, MISS = LookupResult.HIT, LookupResult.MISS
 
@@ -211,15 +212,7 @@ def main() -> None:
     gc.collect()
     gc.freeze()
     print(json.dumps({"event": "ready"}), flush=True)
-    go, stop = threading.Event(), threading.Event()
-
-    def listen() -> None:
-        for line in sys.stdin:
-            (go if line.strip() == "go" else stop).set()
-        stop.set()
-
-    threading.Thread(target=listen, name="host-stdin", daemon=True).start()
-    go.wait()
+    stop = wait_for_go()
     threads = [threading.Thread(target=e.run, args=(spec.first_prompt, stop),
                                 name=f"engine-{e.report.server}") for e in engines]
     for t in threads:

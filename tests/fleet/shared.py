@@ -16,7 +16,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from tests.netns import Fabric
-from tests.servers import FAKE_KEY_ID, FAKE_SECRET, moto_server_bin, need_redis_server
+from tests.servers import (
+    FAKE_KEY_ID,
+    FAKE_SECRET,
+    RgwServer,
+    moto_server_bin,
+    need_redis_server,
+)
 
 
 class SharedServer(Protocol):
@@ -57,12 +63,38 @@ class SharedRedis:
                 "socket_timeout_s": 1.0, "connect_timeout_s": 0.5, "load_timeout_s": 1.0}
 
 
-class SharedMoto:
-    """moto_server (S3) on the server address, with the bucket the hosts use."""
+class _SharedS3:
+    """An S3 server on the server address, with the bucket the hosts use."""
+
+    name: str
+    port: int
+    bucket = "kv-fleet"
+
+    def _endpoint(self, fabric: Fabric) -> str:
+        return f"http://{fabric.server_address}:{self.port}"
+
+    def _make_bucket(self, fabric: Fabric, reach_from: str) -> None:
+        # Created once here, not by each host's create_bucket (they would race).
+        make = ("import boto3, sys; boto3.client('s3', endpoint_url=sys.argv[1], "
+                "region_name='us-east-1', aws_access_key_id=sys.argv[2], "
+                "aws_secret_access_key=sys.argv[3]).create_bucket(Bucket=sys.argv[4])")
+        subprocess.run(["ip", "netns", "exec", reach_from, sys.executable, "-c", make,
+                        self._endpoint(fabric), FAKE_KEY_ID, FAKE_SECRET, self.bucket],
+                       check=True, capture_output=True, timeout=60)
+
+    def _tier(self, fabric: Fabric, load_timeout_s: float) -> dict[str, Any]:
+        return {"type": "s3", "bucket": self.bucket, "prefix": "fleet/",
+                "endpoint_url": self._endpoint(fabric), "aws_access_key_id": FAKE_KEY_ID,
+                "aws_secret_access_key": FAKE_SECRET, "connect_timeout_s": 0.5,
+                "read_timeout_s": 1.0, "max_attempts": 2, "request_deadline_s": 2.0,
+                "load_timeout_s": load_timeout_s}
+
+
+class SharedMoto(_SharedS3):
+    """moto_server (S3) on the server address."""
 
     name = "s3-moto"
     port = 5000
-    bucket = "kv-fleet"
 
     def start(self, fabric: Fabric, workdir: Path, reach_from: str) -> None:
         workdir.mkdir(parents=True, exist_ok=True)
@@ -72,22 +104,29 @@ class SharedMoto:
             stdout=log, stderr=subprocess.STDOUT)
         log.close()
         fabric.wait_tcp(reach_from, fabric.server_address, self.port)
-        # Created once here, not by each host's create_bucket (they would race).
-        make = ("import boto3, sys; boto3.client('s3', endpoint_url=sys.argv[1], "
-                "region_name='us-east-1', aws_access_key_id=sys.argv[2], "
-                "aws_secret_access_key=sys.argv[3]).create_bucket(Bucket=sys.argv[4])")
-        subprocess.run(["ip", "netns", "exec", reach_from, sys.executable, "-c", make,
-                        self._endpoint(fabric), FAKE_KEY_ID, FAKE_SECRET, self.bucket],
-                       check=True, capture_output=True, timeout=60)
-
-    def _endpoint(self, fabric: Fabric) -> str:
-        return f"http://{fabric.server_address}:{self.port}"
+        self._make_bucket(fabric, reach_from)
 
     def tier(self, fabric: Fabric) -> dict[str, Any]:
-        return {"type": "s3", "bucket": self.bucket, "prefix": "fleet/",
-                "endpoint_url": self._endpoint(fabric), "aws_access_key_id": FAKE_KEY_ID,
-                "aws_secret_access_key": FAKE_SECRET, "connect_timeout_s": 0.5,
-                "read_timeout_s": 1.0, "max_attempts": 2, "request_deadline_s": 2.0,
-                # moto is one Python process: on a busy 2-core machine a GET
-                # can take a second; a deadline the healthy hosts do not reach
-                "load_timeout_s": 2.0}
+        # moto is one Python process: on a busy 2-core machine a GET can take a
+        # second; a deadline the healthy hosts do not reach
+        return self._tier(fabric, load_timeout_s=2.0)
+
+
+class SharedRgw(_SharedS3):
+    """A real S3 server: Ceph RGW (tests/servers.py's RgwServer: one mon, one memstore
+    OSD, radosgw) with every daemon inside the server namespace, radosgw on the server
+    address. About 20 s to start and 350 MB."""
+
+    name = "s3-rgw"
+
+    def start(self, fabric: Fabric, workdir: Path, reach_from: str) -> None:
+        rgw = RgwServer(workdir, tls=False, host=fabric.server_address,
+                        netns=fabric.server_ns).start()
+        for proc in rgw.procs.values():
+            fabric.adopt(proc)
+        self.port = rgw.port
+        fabric.wait_tcp(reach_from, fabric.server_address, self.port)
+        self._make_bucket(fabric, reach_from)
+
+    def tier(self, fabric: Fabric) -> dict[str, Any]:
+        return self._tier(fabric, load_timeout_s=1.0)

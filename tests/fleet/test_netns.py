@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tests.netns import Fabric, require_netns
+from tests.netns import PREFIX, Fabric, require_netns
+from tests.orphans import children_die_with_parent
 
 
 def _connects(fabric: Fabric, netns: str, port: int) -> bool:
@@ -50,3 +51,22 @@ def test_teardown_kills_its_processes_and_deletes_its_namespaces_when_the_test_f
     assert proc.poll() is not None  # killed by its PID
     assert not made & _namespaces()  # namespaces gone: their veths, bridge and rules too
     assert fabric.namespaces() == []
+
+
+def test_a_sigkilled_test_process_leaves_no_process_and_its_namespaces_are_swept() -> None:
+    """Killed by SIGKILL, the test process runs no teardown: the kernel kills what it
+    spawned in its namespaces (PR_SET_PDEATHSIG), and the next fabric deletes the
+    namespaces it left, which carry its PID."""
+    require_netns()
+    pid, children = children_die_with_parent(
+        "from tests.netns import Fabric\n"
+        "f = Fabric()\n"
+        "h = f.add_host('a')\n"
+        "f.spawn(f.server_ns, ['sleep', '600'])\n"
+        "f.spawn(h.netns, ['sleep', '600'])\n")
+    assert len(children) == 2
+    left = {ns for ns in _namespaces() if ns.startswith(f"{PREFIX}{pid}-")}
+    assert len(left) == 2  # the server's and the host's: nothing deleted them
+    with Fabric() as fabric:
+        assert not left & _namespaces()
+        assert fabric.namespaces() == [fabric.server_ns]

@@ -2,8 +2,8 @@
 
 Three hosts, each its own network namespace running vLLM's real
 TieringOffloadingManager with our tier (tests/fleet/host.py), share one
-server in a fourth namespace (tests/fleet/shared.py: redis-server, moto S3;
-the server is a parameter). Every host serves the same prompts, already in
+server in a fourth namespace (tests/fleet/shared.py: redis-server, moto S3
+and Ceph RGW; the server is a parameter). Every host serves the same prompts, already in
 the tier, so before the cut every block of every request is promoted from
 it. Then netfilter drops every packet between host ``cut`` and the server
 (tests/netns.py), and later lets them through again. What must hold:
@@ -36,7 +36,7 @@ from tests.faults.common import STEP_BOUND_S
 from tests.netns import Fabric
 
 from .conftest import REPORTS, TIMELINES
-from .shared import SharedMoto, SharedRedis, SharedServer
+from .shared import SharedMoto, SharedRedis, SharedRgw, SharedServer
 from .timeline import HostTimeline, describe, host_timeline
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,16 +51,17 @@ HOSTS = ("cut", "b", "c")
 
 
 class HostProcess:
-    """A host (tests/fleet/host.py) in its namespace, spoken to over stdin/stdout."""
+    """A host (``module``: tests/fleet/host.py, or engine_host.py) in its namespace,
+    given ``spec`` as JSON and spoken to over stdin/stdout."""
 
-    def __init__(self, fabric: Fabric, netns: str, spec: dict[str, Any], log: Path) -> None:
-        self.name = spec["name"]
+    def __init__(self, fabric: Fabric, netns: str, name: str, spec: dict[str, Any], log: Path,
+                 module: str = "tests.fleet.host", env: dict[str, str] | None = None) -> None:
+        self.name = name
         self.log = log
         with log.open("wb") as err:
-            self.proc = fabric.spawn(netns, [sys.executable, "-m", "tests.fleet.host",
-                                             json.dumps(spec)],
+            self.proc = fabric.spawn(netns, [sys.executable, "-m", module, json.dumps(spec)],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=err, cwd=REPO, text=True)
+                                     stderr=err, cwd=REPO, text=True, env=env)
 
     def read(self, event: str, timeout_s: float) -> dict[str, Any]:
         """The next stdout line, which must be ``event``."""
@@ -80,9 +81,22 @@ class HostProcess:
         self.proc.stdin.flush()
 
 
+def cut_and_heal(fabric: Fabric, host: str, cut_s: float, after_s: float
+                 ) -> tuple[float, float]:
+    """Cut ``host`` off for ``cut_s``, heal, wait ``after_s``; the times of the cut
+    and of the heal (``time.monotonic()``)."""
+    t_cut = time.monotonic()
+    fabric.cut(host)
+    time.sleep(cut_s)
+    t_heal = time.monotonic()
+    fabric.heal(host)
+    time.sleep(after_s)
+    return t_cut, t_heal
+
+
 #: The shared servers: every host runs one engine on each. A server that
 #: implements tests/fleet/shared.py's SharedServer joins the test by being listed here.
-SERVERS: list[SharedServer] = [SharedRedis(), SharedMoto()]
+SERVERS: list[SharedServer] = [SharedRedis(), SharedMoto(), SharedRgw()]
 
 
 @pytest.mark.timeout(600)  # three hosts each import vLLM (tens of seconds on 2 cores)
@@ -94,7 +108,7 @@ def test_a_host_cut_off_the_shared_tier_recomputes_and_comes_back(
         server.start(fabric, tmp_path / server.name, reach_from=hosts[0].netns)
         tiers[server.name] = {**server.tier(fabric), **BREAKER}
 
-    procs = [HostProcess(fabric, host.netns,
+    procs = [HostProcess(fabric, host.netns, host.name,
                          {"name": host.name, "tiers": tiers, "first_prompt": 4 * i},
                          tmp_path / f"{host.name}.log")
              for i, host in enumerate(hosts)]
@@ -103,12 +117,7 @@ def test_a_host_cut_off_the_shared_tier_recomputes_and_comes_back(
     for p in procs:
         p.say("go")
     time.sleep(WARM_S)
-    t_cut = time.monotonic()
-    fabric.cut("cut")
-    time.sleep(CUT_S)
-    t_heal = time.monotonic()
-    fabric.heal("cut")
-    time.sleep(AFTER_S)
+    t_cut, t_heal = cut_and_heal(fabric, "cut", CUT_S, AFTER_S)
     for p in procs:
         p.say("stop")
     engines = [e for p in procs for e in p.read("report", timeout_s=60)["engines"]]

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from kvstore_tiers.cli import main
 from kvstore_tiers.tools.bench import distance
-from kvstore_tiers.tools.netem import link
+from kvstore_tiers.tools.netem import capability
 
 
 def test_the_bound_is_rtts_times_rtt_plus_bytes_over_bandwidth() -> None:
@@ -51,7 +51,7 @@ def test_rtts_of_each_protocol() -> None:
 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
 def test_distance_mode_measures_every_cell(tmp_path: Path) -> None:
-    cap = link.available() is None
+    cap = capability.unavailable() is None
     args = ["bench", "--distance", "--tier", "redis", "--rtt-ms", "0", "--rtt-ms", "40",
             "--total-mib", "4", "--chunk-kib", "256", "--out", str(tmp_path)]
     args += ["--cap-mbit", "100", "--cap-rtt-ms", "0"] if cap else ["--cap-mbit", "0"]

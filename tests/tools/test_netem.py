@@ -13,6 +13,8 @@ import pytest
 
 from kvstore_tiers.tools.netem import link
 from kvstore_tiers.tools.netem.delay import delay_proxy
+from tests.netns import require_netns
+from tests.orphans import children_die_with_parent
 
 RTT_MS = 200
 #: Scheduling slack on a busy 2-core machine (a CI run's other tests, the proxy's own
@@ -136,10 +138,10 @@ def test_an_eof_is_forwarded_after_the_delay(peer: Peer) -> None:
         c.close()
 
 
-@pytest.mark.skipif(link.available() is not None, reason=str(link.available()))
 def test_a_capped_link_caps_bandwidth(peer: Peer) -> None:
     """8 MB through a 100 Mbit/s link take at least 0.6 s (0.67 s at the rate, TBF's
     10 ms burst aside); through loopback they take a few ms."""
+    require_netns()
     body = b"z" * (8 << 20)
     with link.CappedLink(100) as capped, delay_proxy(
             ("127.0.0.1", peer.port), 0, host=capped.inner, netns=capped.netns) as addr:
@@ -153,3 +155,12 @@ def test_a_capped_link_caps_bandwidth(peer: Peer) -> None:
     assert took >= 0.6, took
     assert capped.netns not in link.subprocess.run(
         ["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
+def test_a_proxy_dies_with_the_process_that_started_it(peer: Peer) -> None:
+    """A test process killed by SIGKILL runs no ``finally``: the kernel kills its proxy."""
+    _, children = children_die_with_parent(
+        "from kvstore_tiers.tools.netem.delay import delay_proxy\n"
+        f"proxy = delay_proxy(('127.0.0.1', {peer.port}), 5)\n"
+        "proxy.__enter__()\n")
+    assert len(children) == 1

@@ -51,7 +51,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from kvstore_tiers.tools.netem import link
+from kvstore_tiers.tools.netem import capability, link
 from kvstore_tiers.tools.netem.delay import delay_proxy
 
 MiB = 1 << 20
@@ -340,7 +340,7 @@ def run(plan: DistancePlan, progress: Callable[[str], None] = print) -> dict[str
     "blocks", "cells": [...]}}}``, each cell with its times, bounds and ratios."""
     from kvstore_tiers.admin.harness import make_keys, rows_for
 
-    if plan.cap_mbit and (why := link.available()):
+    if plan.cap_mbit and (why := capability.unavailable()):
         progress(f"distance: no capped cell ({why})")
         plan.cap_mbit = None
     block = plan.block_kib << 10

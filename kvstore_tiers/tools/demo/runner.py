@@ -88,6 +88,24 @@ def phase_env(spec: PhaseSpec, phase_dir: Path) -> dict[str, str]:
     return env
 
 
+def phase_request(spec: PhaseSpec, events_path: Path | None = None) -> dict[str, Any]:
+    """What :mod:`kvstore_tiers.tools.demo.phase` builds its engine and prompts from."""
+    return {
+        "model": spec.model,
+        "plan": spec.plan.to_json(),
+        "secondary_tiers": spec.secondary_tiers,
+        "max_tokens": spec.max_tokens,
+        "block_size": spec.block_size,
+        "cpu_bytes": spec.cpu_bytes,
+        "dtype": spec.dtype,
+        "kv_cache_dtype": spec.kv_cache_dtype,
+        "max_model_len": spec.max_model_len,
+        "events_path": str(events_path) if events_path else None,
+        "single_process": spec.single_process,
+        "warmup_tokens": spec.warmup_tokens,
+    }
+
+
 def _tail(path: Path, n: int = 60) -> str:
     try:
         return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
@@ -110,20 +128,7 @@ def run_phase(
     if d.exists():
         shutil.rmtree(d)
     (d / "stats").mkdir(parents=True)
-    request = {
-        "model": spec.model,
-        "plan": spec.plan.to_json(),
-        "secondary_tiers": spec.secondary_tiers,
-        "max_tokens": spec.max_tokens,
-        "block_size": spec.block_size,
-        "cpu_bytes": spec.cpu_bytes,
-        "dtype": spec.dtype,
-        "kv_cache_dtype": spec.kv_cache_dtype,
-        "max_model_len": spec.max_model_len,
-        "events_path": str(d / "events.jsonl"),
-        "single_process": spec.single_process,
-        "warmup_tokens": spec.warmup_tokens,
-    }
+    request = phase_request(spec, d / "events.jsonl")
     (d / "request.json").write_text(json.dumps(request, indent=2))
     env = phase_env(spec, d)
     result_path = d / "result.json"

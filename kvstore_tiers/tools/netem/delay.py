@@ -46,9 +46,11 @@ import tempfile
 from collections import deque
 from collections.abc import Iterator
 
+from kvstore_tiers.tools.children import die_with_parent
+from kvstore_tiers.tools.netem import namespaces
+
 READ = 256 << 10
 WINDOW = 64 << 20
-CLONE_NEWNET = 0x40000000
 #: How long a proxy process may take to say it listens (it imports only asyncio).
 START_TIMEOUT_S = 30.0
 
@@ -136,25 +138,9 @@ async def _serve(client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter,
 
 def _listen_in(netns: str | None, host: str, port: int) -> socket.socket:
     """A listening socket on ``host:port``, made inside network namespace ``netns``
-    (None: this one). Only this thread enters the namespace, and leaves it at once."""
-    import ctypes
-
-    if netns is None:
+    (None: this one)."""
+    with namespaces.inside(netns):
         return socket.create_server((host, port), backlog=512)
-    libc = ctypes.CDLL(None, use_errno=True)
-    here = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-    there = os.open(f"/var/run/netns/{netns}", os.O_RDONLY)
-    try:
-        if libc.setns(there, CLONE_NEWNET) != 0:
-            raise OSError(ctypes.get_errno(), f"setns into {netns}")
-        try:
-            return socket.create_server((host, port), backlog=512)
-        finally:
-            if libc.setns(here, CLONE_NEWNET) != 0:
-                raise OSError(ctypes.get_errno(), "setns back")
-    finally:
-        os.close(here)
-        os.close(there)
 
 
 async def serve(upstream: tuple[str, int], rtt_s: float, host: str = "127.0.0.1",
@@ -176,7 +162,8 @@ def delay_proxy(upstream: tuple[str, int], rtt_ms: float, *, host: str = "127.0.
                 ) -> Iterator[tuple[str, int]]:
     """A proxy process in front of ``upstream`` adding ``rtt_ms`` per round trip (and one
     more to a connection's first bytes with ``handshake``); yields the ``(host, port)`` to
-    connect to and stops the process by its PID."""
+    connect to and stops the process by its PID (the kernel kills it if this process dies
+    first: :mod:`kvstore_tiers.tools.children`)."""
     cmd = [sys.executable, "-m", "kvstore_tiers.tools.netem.delay", "--upstream",
            f"{upstream[0]}:{upstream[1]}", "--rtt-ms", str(rtt_ms), "--listen", host]
     if netns:
@@ -186,7 +173,8 @@ def delay_proxy(upstream: tuple[str, int], rtt_ms: float, *, host: str = "127.0.
     # stderr to a file, not a pipe nobody drains while the proxy runs (a full pipe would
     # block it); its start line is waited for with a bound, never read blindly.
     with tempfile.TemporaryFile(mode="w+") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                preexec_fn=die_with_parent)
         try:
             assert proc.stdout is not None
             ready, _, _ = select.select([proc.stdout], [], [], START_TIMEOUT_S)

@@ -1,26 +1,32 @@
 """A bandwidth-capped link: a network namespace joined to this one by a veth pair.
 
-``CappedLink(rate_mbit)`` makes namespace ``kvd<pid>-<n>``, a veth pair with
+``CappedLink(rate_mbit)`` makes namespace ``kvd<pid>-<n>`` (and first removes those of
+processes that died without removing theirs: :mod:`.namespaces`), a veth pair with
 ``10.231.N.1/30`` on this side and ``10.231.N.2/30`` inside, and a TBF qdisc
 (token bucket, ``rate_mbit`` Mbit/s, a burst of 10 ms of the rate) on *both*
 ends, so each direction is capped. Its queue holds a second of the rate: a
 cap, not a lossy link (a shallow queue drops a fresh connection's SYN-ACK
-behind 64 downloads, and its retry comes a second later). A socket listening at :attr:`inner` inside
-the namespace (:mod:`kvstore_tiers.tools.netem.delay` with ``netns=``) is
-reached from here only through the capped pair. Needs root and iproute2 (``ip``,
-``tc``); :func:`available` says whether this machine can. Everything is removed
-on exit (deleting the namespace deletes its end of the pair, and with it ours).
+behind 64 downloads, and its retry comes a second later). A socket listening at
+:attr:`inner` inside the namespace (:mod:`kvstore_tiers.tools.netem.delay` with
+``netns=``) is reached from here only through the capped pair. Needs CAP_NET_ADMIN,
+CAP_SYS_ADMIN and iproute2 (``ip``, ``tc``):
+:func:`kvstore_tiers.tools.netem.capability.unavailable` says whether this process can.
+Everything is removed on exit (deleting the namespace deletes its end of the pair, and
+with it ours).
 """
 
 from __future__ import annotations
 
 import itertools
 import os
-import shutil
 import subprocess
 from types import TracebackType
 
+from kvstore_tiers.tools.netem import namespaces
+
 _SEQ = itertools.count()
+#: Every CappedLink's namespace is ``kvd<pid>-<n>`` (:mod:`.namespaces`).
+PREFIX = "kvd"
 
 
 def _ip(*args: str, netns: str | None = None) -> None:
@@ -28,16 +34,6 @@ def _ip(*args: str, netns: str | None = None) -> None:
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
     if res.returncode != 0:
         raise OSError(f"{' '.join(cmd)}: {res.stderr.strip()}")
-
-
-def available() -> str | None:
-    """None when a CappedLink can be made here, else why not."""
-    if os.geteuid() != 0:
-        return "needs root (network namespaces)"
-    missing = [t for t in ("ip", "tc") if shutil.which(t) is None]
-    if missing:
-        return f"{' and '.join(missing)} not found (apt-get install iproute2)"
-    return None
 
 
 def _free_subnet() -> int:
@@ -55,7 +51,7 @@ class CappedLink:
     def __init__(self, rate_mbit: float) -> None:
         self.rate_mbit = rate_mbit
         n = _free_subnet()
-        self.netns = f"kvd{os.getpid()}-{next(_SEQ)}"
+        self.netns = namespaces.owned_name(PREFIX, str(next(_SEQ)))
         tag = f"{os.getpid() % 100000}{n}"
         self._outer_if, self._inner_if = f"kvd{tag}h", f"kvd{tag}n"
         self.outer, self.inner = f"10.231.{n}.1", f"10.231.{n}.2"
@@ -67,6 +63,7 @@ class CappedLink:
             "burst", str(burst), "latency", "1s", netns=netns)
 
     def __enter__(self) -> CappedLink:
+        namespaces.remove_orphans(PREFIX)
         _ip("ip", "netns", "add", self.netns)
         try:
             _ip("ip", "link", "add", self._outer_if, "type", "veth", "peer", "name",

@@ -5,14 +5,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import boto3
@@ -23,6 +17,7 @@ from kvstore_tiers.backends.s3.config import as_config
 from kvstore_tiers.errors import ConfigError
 
 from ...faults.faultproxy import FaultProxy
+from ...orphans import children_die_with_parent
 from ...servers import FAKE_KEY_ID, FAKE_SECRET, free_port, run_moto, s3_client
 from .s3_helpers import HIT, fetch, harness, make_keys, random_rows, round_trips
 
@@ -191,31 +186,12 @@ def test_the_harness_moto_picks_again_when_its_port_is_taken(monkeypatch) -> Non
             urllib.request.urlopen(f"{url}/moto-api/data.json", timeout=5).read()
 
 
-def test_the_harness_rgw_daemons_die_with_the_test_process(tmp_path: Path) -> None:
+def test_the_harness_rgw_daemons_die_with_the_test_process() -> None:
     """The harness itself: a daemon started the way RgwServer starts them
     (PR_SET_PDEATHSIG) is killed by the kernel when the test process that
     started it dies, even by SIGKILL, so an interrupted run leaves none."""
-    pidfile = tmp_path / "daemon.pid"
-    parent = subprocess.Popen([sys.executable, "-c", (
-        "import subprocess, sys, time\n"
-        "from tests.servers import _die_with_parent\n"
-        "p = subprocess.Popen(['sleep', '600'], preexec_fn=_die_with_parent)\n"
-        f"open({str(pidfile)!r}, 'w').write(str(p.pid))\n"
-        "time.sleep(600)\n")], cwd=Path(__file__).resolve().parents[3])
-    try:
-        deadline = time.monotonic() + 30
-        while not pidfile.exists() or not pidfile.read_text():
-            assert time.monotonic() < deadline and parent.poll() is None
-            time.sleep(0.05)
-        daemon = int(pidfile.read_text())
-        os.kill(daemon, 0)  # running
-        parent.send_signal(signal.SIGKILL)
-        parent.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while Path(f"/proc/{daemon}").exists() and \
-                Path(f"/proc/{daemon}/stat").read_text().split()[2] != "Z":
-            assert time.monotonic() < deadline, "the daemon outlived its test process"
-            time.sleep(0.05)
-    finally:
-        parent.kill()
-        parent.wait()
+    _, children = children_die_with_parent(
+        "import subprocess\n"
+        "from kvstore_tiers.tools.children import die_with_parent\n"
+        "p = subprocess.Popen(['sleep', '600'], preexec_fn=die_with_parent)\n")
+    assert len(children) == 1
