@@ -76,6 +76,9 @@ class CodecSet:
             compression_params=zstandard.ZstdCompressionParameters(**_KVSPLIT_PARAMS)
         )
         self._zd = zstandard.ZstdDecompressor()
+        #: The low plane of a kvsplit payload read into its own row, set aside before
+        #: the planes interleave over it; reused, so no call faults in fresh pages.
+        self._aside = np.empty(0, dtype=np.uint8)
 
     # -- encode ---------------------------------------------------------------
     def encode(self, codec: CodecId, raw: memoryview) -> tuple[CodecId, bytes | memoryview]:
@@ -142,6 +145,10 @@ class CodecSet:
         pairs = np.frombuffer(dest, dtype=np.uint8).reshape(-1, 2)
         lo = np.frombuffer(view[lo_off:], dtype=np.uint8)
         if np.may_share_memory(lo, pairs):  # read into the row: the planes interleave over it
-            lo = lo.copy()
+            if len(self._aside) < half:
+                self._aside = np.empty(half, dtype=np.uint8)
+            aside = self._aside[:half]
+            aside[:] = lo
+            lo = aside
         pairs[:, 1] = np.frombuffer(hi, dtype=np.uint8)
         pairs[:, 0] = lo
