@@ -8,7 +8,8 @@ and hands the backend a gather write (:class:`~kvstore_tiers.backends.base.Write
 a load plans each frame as a scatter read into the row
 (:meth:`FrameCodec.plan_reads <kvstore_tiers.frame.FrameCodec.plan_reads>`),
 hands the backend the reads, and checks and decodes each frame as its read
-completes. The backend only moves bytes (its batch its own way: pipelined
+completes (from the planned buffers, or from the whole object where the
+backend's transport handed it one). The backend only moves bytes (its batch its own way: pipelined
 requests, requests in flight at once, one GIL-free call). Either way the
 result is one entry per item, in order, and nothing raises: the frame bytes
 moved (stores: 0 when the object already existed), or the item's error.
@@ -127,8 +128,12 @@ def load_many(backend: Backend, items: Sequence[LoadItem], codec: FrameCodec,
                 continue
             item = items[i]
             try:
-                item.crc = plans[i].finish(*done)
-                out[i] = done[1]
+                if isinstance(done, tuple):
+                    item.crc = plans[i].finish(*done)
+                    out[i] = done[1]
+                else:  # the whole object, as the backend's transport handed it
+                    item.crc = codec.decode_into(item.key, done, item.dest).row_checksum
+                    out[i] = len(done)
             except Unplanned:
                 out[i] = _load_whole(backend, item, codec)
             except Exception as exc:

@@ -27,8 +27,10 @@ Contract of the data methods (called concurrently from several threads):
 * ``read_many(reads)`` is a scatter read of a batch (:class:`Read`): each
   object's bytes from its start into the caller's buffers, in order; per
   read ``(index, (bytes placed, object size, crc))`` or ``(index, error)``,
-  as each read completes (in any order); it never raises. Default: ``get``
-  each and copy.
+  as each read completes (in any order); it never raises. A backend whose
+  transport hands it an object whole (an HTTP body, a pipeline's reply) may
+  give ``(index, that buffer)`` instead of copying it into the buffers: the
+  core then decodes from it. Default: ``get`` each, given whole.
 
 A backend overrides ``write_many``/``read_many`` only to move the bytes its
 own way (pipelined requests, requests in flight at once, one GIL-free call);
@@ -103,24 +105,9 @@ Placed = tuple[int, int, int | None]
 #: alone), or the write's error.
 Written = int | BaseException
 #: A read's result as :meth:`Backend.read_many` yields it: the read's index
-#: in the batch and what it placed, or its error.
-ReadDone = tuple[int, Placed | BaseException]
-
-
-def scatter(data: Buffer, parts: Sequence[memoryview]) -> int:
-    """Copy the start of ``data`` into ``parts`` in order; returns the bytes placed.
-
-    For a backend whose transport hands it whole objects (the default
-    :meth:`Backend.read_many`, an HTTP body)."""
-    src = memoryview(data)
-    pos = 0
-    for part in parts:
-        take = min(len(part), len(src) - pos)
-        if take <= 0:
-            break
-        part[:take] = src[pos:pos + take]
-        pos += take
-    return pos
+#: in the batch and what it placed, or the whole object (a buffer the
+#: backend was handed, not copied into the parts), or its error.
+ReadDone = tuple[int, Placed | Buffer | BaseException]
 
 
 class StoreNamespace(Protocol):
@@ -280,12 +267,11 @@ class Backend(ABC):
 
     def read_many(self, reads: Sequence[Read]) -> Iterable[ReadDone]:
         """Read every object into its parts; yields ``(index, (placed, size,
-        crc))`` or ``(index, error)`` once per read, as each completes, in any
-        order; never raises (an error of the whole batch is every read's).
-        Default: ``get`` each and :func:`scatter` it (crc None)."""
+        crc))``, ``(index, the whole object)`` or ``(index, error)`` once per
+        read, as each completes, in any order; never raises (an error of the
+        whole batch is every read's). Default: ``get`` each, given whole."""
         for i, r in enumerate(reads):
             try:
-                data = self.get(r.name)
-                yield i, (scatter(data, r.parts), len(data), None)
+                yield i, self.get(r.name)
             except Exception as exc:
                 yield i, classify(exc)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvstore_tiers.backends.base import scatter
 from kvstore_tiers.codecs import CodecId
 from kvstore_tiers.errors import ObjectCorrupt
 from kvstore_tiers.frame import (
@@ -93,6 +92,16 @@ def test_a_store_batch_fails_only_the_rows_that_could_not_be_encoded(tmp_path) -
     assert out[0] == out[2] == header_length(len(KEY), 8) + len(raw)
     assert isinstance(out[1], Exception)
     assert backend.exists_many(["a", "b", "c"]) == [True, False, True]
+
+
+def scatter(data: bytes, parts: tuple[memoryview, ...]) -> int:
+    """What a backend's scatter read does: ``data`` from its start into ``parts``."""
+    pos = 0
+    for part in parts:
+        take = max(0, min(len(part), len(data) - pos))
+        part[:take] = data[pos:pos + take]
+        pos += take
+    return pos
 
 
 def _scattered(frame: bytes, codec: FrameCodec, dest: memoryview) -> tuple[FrameRead, int]:

@@ -56,7 +56,6 @@ from kvstore_tiers.backends.base import (
     ReadDone,
     Write,
     Written,
-    scatter,
 )
 from kvstore_tiers.backends.eviction_log import EvictionLog
 from kvstore_tiers.backends.redis.client import (
@@ -331,8 +330,9 @@ class RedisBackend(Backend):
         return out
 
     def read_many(self, reads: Sequence[Read]) -> list[ReadDone]:
-        """One pipeline of GET (GETEX with ttl_s: a hit refreshes the expiry), each
-        value into its read's buffers (off the socket where the fast path runs)."""
+        """One pipeline of GET (GETEX with ttl_s: a hit refreshes the expiry): each
+        value read off the socket into its read's buffers where the fast path
+        runs, else given whole as redis-py's pipeline returns it."""
         if not reads:
             return []
         ttl = self.config.ttl_s
@@ -369,14 +369,14 @@ class RedisBackend(Backend):
         # Every error kept below is detached: its traceback would hold this
         # frame and with it ``reads`` (views of vLLM's primary rows).
         out: list[ReadDone] = []
-        for i, r in enumerate(reads):
+        for i in range(len(reads)):
             value = replies[i * per]
             if isinstance(value, BaseException):
                 out.append((i, detached(classify_redis(value))))
             elif value is None:
                 out.append((i, ObjectMissing(keys[i])))
             else:
-                out.append((i, (scatter(value, r.parts), len(value), None)))
+                out.append((i, value))  # whole, as redis-py handed it: decoded from there
         return out
 
 

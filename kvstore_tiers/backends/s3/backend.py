@@ -15,8 +15,7 @@ overlap without a thread each. The chunks of one pool task (``tuning``) go
 out concurrently (``write_many``/``read_many``/``exists_many`` gather).
 The core encodes and decodes frames on the pool threads (zstd and CRC-32C
 release the GIL); the loop thread only does HTTP (docs/s3.md: why
-aiobotocore), and a pool thread copies each GET's body into the buffers the
-core planned for it as the body lands.
+aiobotocore), and a pool thread hands each GET's body to the core as it lands.
 
 Admin paths use boto3: the start-up probe and bucket creation in
 :mod:`.probe`, listing and lifecycle expiry in :mod:`.lifecycle`.
@@ -59,7 +58,6 @@ from kvstore_tiers.backends.base import (
     ReadDone,
     Write,
     Written,
-    scatter,
 )
 from kvstore_tiers.backends.s3.client import (
     MISSING_CODES,
@@ -385,10 +383,11 @@ class S3Backend(Backend):
         return out
 
     def read_many(self, reads: Sequence[Read]) -> Iterator[ReadDone]:
-        """GET the whole batch concurrently; as each body lands, copy it into its
-        read's buffers on this (pool) thread and yield it, so the core checks
-        and decodes a frame while the batch's other GETs are still on the wire
-        (a task's decode tail is one frame, not a batch)."""
+        """GET the whole batch concurrently; yield each body whole as it lands, so
+        the core checks and decodes a frame on this (pool) thread while the
+        batch's other GETs are still on the wire (a task's decode tail is one
+        frame, not a batch). The HTTP client hands over each body as one
+        buffer: decoding from it costs no copy into the planned buffers."""
         if not reads:
             return
         # queue.Queue, not SimpleQueue: CPython 3.11's SimpleQueue.get(timeout=)
@@ -429,4 +428,4 @@ class S3Backend(Backend):
                     backend_error(self.config, body, f"GET {reads[i].name}")
                 yield i, classify(err)
                 continue
-            yield i, (scatter(body, reads[i].parts), len(body), None)
+            yield i, body  # whole: the core decodes from it, no copy into the parts first
