@@ -70,6 +70,7 @@ from kvstore_tiers.backends.s3.client import (
     error_code,
 )
 from kvstore_tiers.backends.s3.config import MAX_SINGLE_PUT, S3Config, put_extra_args
+from kvstore_tiers.backends.s3.held import HeldBodies
 from kvstore_tiers.backends.s3.lifecycle import iter_objects as _iter_objects
 from kvstore_tiers.backends.s3.negative_cache import NegativeCache
 from kvstore_tiers.backends.s3.probe import probe as _probe
@@ -84,8 +85,17 @@ T = TypeVar("T")
 DELETE_BATCH = 1000
 
 
+#: Seconds a body an existence check fetched waits for its load before it is dropped.
+HOLD_S = 30.0
+
 #: The absent key start-up HEADs to build the client's request path before a lookup needs it.
 WARM_KEY = ".kvstore-warm"
+
+
+def _cancel(task: asyncio.Task[bytes]) -> None:
+    """Cancel ``task`` on its loop, from any thread (a held body nobody loaded)."""
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to cancel
+        task.get_loop().call_soon_threadsafe(task.cancel)
 
 
 class S3Backend(Backend):
@@ -116,6 +126,8 @@ class S3Backend(Backend):
         #: HTTP requests sent by the data path (retries included), by operation.
         self.requests: Counter[str] = Counter()
         self._absent = NegativeCache(config.negative_cache_s)
+        #: Existence checks' GETs still reading, or read, held for their loads (none yet).
+        self._held: HeldBodies[asyncio.Task[bytes]] = HeldBodies(0, HOLD_S, _cancel)
         self._warn = RateLimitedLogger(logger, interval_s=30.0)
 
     # -- lifecycle ---------------------------------------------------------------
@@ -223,6 +235,12 @@ class S3Backend(Backend):
             return True
 
     async def _get(self, key: str) -> bytes:
+        reading = self._held.take(key)  # this block's existence check's GET
+        if reading is not None:
+            await asyncio.wait([reading])  # raises only if this coroutine is cancelled
+            if not reading.cancelled() and reading.exception() is None:
+                return reading.result()
+            # Its read failed (or expired): GET it again.
         assert self._sem is not None
         async with self._sem:
             resp = await self._client.get_object(Bucket=self.bucket, Key=key)
@@ -247,6 +265,8 @@ class S3Backend(Backend):
                 raise
 
     async def _delete(self, key: str) -> None:
+        if (reading := self._held.take(key)) is not None:
+            reading.cancel()
         assert self._sem is not None
         async with self._sem:
             await self._client.delete_object(Bucket=self.bucket, Key=key)
