@@ -147,10 +147,7 @@ class _S3(_Side):
         self.keys_extra = plan.tier_keys
         self.concurrency = int(plan.tier_keys.get(
             "max_concurrency", S3Config.model_fields["max_concurrency"].default))
-        #: A fresh engine's existence checks GET (and hold) the whole prefix: no HEAD wave.
-        self.prefetches = int(plan.tier_keys.get(
-            "lookup_prefetch_bytes", S3Config.model_fields["lookup_prefetch_bytes"].default)
-        ) >= plan.total_mib * MiB * 1.01  # each frame's header on top of its row
+        self.prefetches = self.prefetch_covers(plan)
 
     def tier_config(self, url: str) -> dict[str, Any]:
         cfg = {"type": "s3", "bucket": self.bucket, "endpoint_url": url, "prefix": self.prefix,
@@ -188,6 +185,16 @@ class _S3(_Side):
 
             await everything()  # opens the connections: the timed pass runs on them
             return await everything()
+
+    @staticmethod
+    def prefetch_covers(plan: DistancePlan) -> bool:
+        """Whether a fresh engine's existence checks GET (and hold) the whole prefix
+        (``lookup_prefetch_bytes``): then its load needs no HEAD wave."""
+        from kvstore_tiers.backends.s3.config import S3Config
+
+        budget = int(plan.tier_keys.get(
+            "lookup_prefetch_bytes", S3Config.model_fields["lookup_prefetch_bytes"].default))
+        return budget >= plan.total_mib * MiB * 1.01  # each frame's header on top of its row
 
     #: The server closes every connection after its answer (moto's does), so every
     #: request pays a TCP handshake: two RTTs a wave, not one.
