@@ -38,12 +38,27 @@ def test_the_bound_is_rtts_times_rtt_plus_bytes_over_bandwidth() -> None:
     assert out[0]["first_extra_rtts"] is None and out[2]["first_extra_rtts"] is None
 
 
+@pytest.mark.parametrize(("keys", "prefetches"), [({}, True),
+                                                   ({"lookup_prefetch_bytes": 0}, False),
+                                                   ({"lookup_prefetch_bytes": 100 << 20}, False)])
+def test_s3_prefetch_covers_the_prefix_or_not(keys: dict[str, int], prefetches: bool) -> None:
+    """100 MiB of blocks: the default budget (256 MiB) holds them all; 0 or exactly 100 MiB
+    (no room for the frames' headers) does not, and the fresh engine HEADs."""
+    plan = distance.DistancePlan(tier_keys=keys, total_mib=100)
+    s3 = object.__new__(distance._S3)
+    s3.concurrency, s3.closes = 64, False
+    s3.prefetches = distance._S3.prefetch_covers(plan)
+    assert s3.prefetches is prefetches
+
+
 def test_rtts_of_each_protocol() -> None:
     s3 = object.__new__(distance._S3)
-    s3.concurrency = 64
+    s3.concurrency, s3.prefetches = 64, False  # lookups HEAD, then loads GET
     assert (s3.rtts(100, fresh=False), s3.rtts(100, fresh=True)) == (2, 4)
     s3.closes = True  # a server that closes connections: a handshake per request
     assert (s3.rtts(100, fresh=False), s3.rtts(100, fresh=True)) == (4, 8)
+    s3.prefetches = True  # lookups GET the prefix, its loads take the bodies: no HEAD wave
+    assert (s3.rtts(100, fresh=False), s3.rtts(100, fresh=True)) == (4, 4)
     r = object.__new__(distance._Redis)
     r.threads, r.batch = 8, 8
     assert (r.rtts(100, fresh=False), r.rtts(100, fresh=True)) == (2, 3)

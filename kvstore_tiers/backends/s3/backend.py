@@ -68,6 +68,7 @@ from kvstore_tiers.backends.s3.client import (
     error_code,
 )
 from kvstore_tiers.backends.s3.config import MAX_SINGLE_PUT, S3Config, put_extra_args
+from kvstore_tiers.backends.s3.held import HeldBodies
 from kvstore_tiers.backends.s3.lifecycle import iter_objects as _iter_objects
 from kvstore_tiers.backends.s3.negative_cache import NegativeCache
 from kvstore_tiers.backends.s3.probe import probe as _probe
@@ -82,8 +83,23 @@ T = TypeVar("T")
 DELETE_BATCH = 1000
 
 
+#: Seconds a body an existence check fetched waits for its load before it is dropped.
+HOLD_S = 30.0
+
 #: The absent key start-up HEADs to build the client's request path before a lookup needs it.
 WARM_KEY = ".kvstore-warm"
+
+
+def _cancel(task: asyncio.Task[bytes]) -> None:
+    """Cancel ``task`` on its loop, from any thread (a held body nobody loaded)."""
+    with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to cancel
+        task.get_loop().call_soon_threadsafe(task.cancel)
+
+
+def _retrieve(task: asyncio.Task[bytes]) -> None:
+    """Mark a held read's failure retrieved: its load GETs again, nothing to log."""
+    if not task.cancelled():
+        task.exception()
 
 
 class S3Backend(Backend):
@@ -114,6 +130,9 @@ class S3Backend(Backend):
         #: HTTP requests sent by the data path (retries included), by operation.
         self.requests: Counter[str] = Counter()
         self._absent = NegativeCache(config.negative_cache_s)
+        #: Existence checks' GETs still reading, or read, held for their loads.
+        self._held: HeldBodies[asyncio.Task[bytes]] = HeldBodies(
+            config.lookup_prefetch_bytes, HOLD_S, _cancel)
         self._warn = RateLimitedLogger(logger, interval_s=30.0)
 
     # -- lifecycle ---------------------------------------------------------------
@@ -152,12 +171,15 @@ class S3Backend(Backend):
         )
         self._client = await self._client_ctx.__aenter__()
         self._sem = asyncio.Semaphore(self.config.max_concurrency)
-        # A client's first HeadObject builds its request path (operation model, endpoint
-        # rules, signer): 0.1-1 s of CPU here, which would land on a fresh engine's first
-        # lookup. One HEAD of an absent key pays it at start-up (and opens a connection);
-        # it is not counted in `requests`, and an error only leaves that cost to the lookup.
+        # A client's first request of an operation builds its request path (operation
+        # model, endpoint rules, signer): 0.1-1 s of CPU here, which would land on a fresh
+        # engine's first lookup. One request of an absent key, of the operation existence
+        # checks send first (GET while they prefetch, else HEAD), pays it at start-up (and
+        # opens a connection); it is not counted in `requests`, and an error only leaves
+        # that cost to the lookup.
+        warm = self._client.get_object if self._held.enabled else self._client.head_object
         with contextlib.suppress(Exception):
-            await self._client.head_object(Bucket=self.bucket, Key=self.prefix + WARM_KEY)
+            await warm(Bucket=self.bucket, Key=self.prefix + WARM_KEY)
         # Count every HTTP attempt (retries included) for the lookup-cost metric.
         self._client.meta.events.register("before-send.s3", self._count_request)
 
@@ -221,6 +243,12 @@ class S3Backend(Backend):
             return True
 
     async def _get(self, key: str) -> bytes:
+        reading = self._held.take(key)  # this block's existence check's GET
+        if reading is not None:
+            await asyncio.wait([reading])  # raises only if this coroutine is cancelled
+            if not reading.cancelled() and reading.exception() is None:
+                return reading.result()
+            # Its read failed (or expired): GET it again.
         assert self._sem is not None
         async with self._sem:
             resp = await self._client.get_object(Bucket=self.bucket, Key=key)
@@ -244,7 +272,45 @@ class S3Backend(Backend):
                     return False
                 raise
 
+    async def _probe_get(self, key: str) -> bool:
+        """An existence check by GET: True once the server answers 200, the body
+        read on in a task held for the load (:mod:`.held`) if it fits, else left
+        unread (the connection is closed; the load GETs it)."""
+        assert self._sem is not None
+        await self._sem.acquire()
+        try:
+            resp = await self._client.get_object(Bucket=self.bucket, Key=key)
+        except BaseException as exc:
+            self._sem.release()
+            code, status = error_code(exc)
+            if status == 404 or code in MISSING_CODES:
+                return False
+            raise
+        size = resp.get("ContentLength")
+        if size is None or not self._held.reserve(size):
+            resp["Body"].close()
+            self._sem.release()
+            return True
+        task = asyncio.get_running_loop().create_task(self._read_held(resp, size))
+        task.add_done_callback(_retrieve)
+        self._held.hold(key, task, size)
+        return True
+
+    async def _read_held(self, resp: Any, size: int) -> bytes:
+        """The body of an existence check's GET (its semaphore slot released after)."""
+        assert self._sem is not None
+        try:
+            async with resp["Body"] as stream:
+                data: bytes = await stream.read()
+            if len(data) != size:
+                raise TransientError(f"short read: {len(data)} of {size} bytes")
+            return data
+        finally:
+            self._sem.release()
+
     async def _delete(self, key: str) -> None:
+        if (reading := self._held.take(key)) is not None:
+            reading.cancel()
         assert self._sem is not None
         async with self._sem:
             await self._client.delete_object(Bucket=self.bucket, Key=key)
@@ -288,9 +354,12 @@ class S3Backend(Backend):
             raise backend_error(self.config, exc, f"GET {name}") from exc
 
     def exists_many(self, names: Sequence[str]) -> list[bool]:
-        """One HEAD per name, all in flight at once (bounded). An error answers False.
+        """One request per name, all in flight at once (bounded). An error answers False.
 
-        Names a HEAD found absent less than ``negative_cache_s`` ago answer
+        The request is a GET whose body is held for the load that follows while
+        ``lookup_prefetch_bytes`` has room for one (:mod:`.held`), else a HEAD.
+
+        Names an existence check found absent less than ``negative_cache_s`` ago answer
         False without a request: requests that share a prefix (or re-ask a
         step later) do not re-probe blocks nobody has stored.
         """
@@ -301,11 +370,14 @@ class S3Backend(Backend):
         probe = [k for k, absent in zip(keys, known_absent, strict=True) if not absent]
         found: dict[str, bool] = {}
         if probe:
-            results = self._run(self._gather([self._head(k) for k in probe]))
+            n_get = self._held.room_for(len(probe))
+            results = self._run(self._gather([self._probe_get(k) for k in probe[:n_get]]
+                                             + [self._head(k) for k in probe[n_get:]]))
             for k, r in zip(probe, results, strict=True):
                 if isinstance(r, BaseException):
+                    err = backend_error(self.config, r, f"lookup of {k}")
                     self._warn.warning("head", "s3 tier: existence check failed (%s); "
-                                       "answering miss", backend_error(self.config, r, f"HEAD {k}"))
+                                       "answering miss", err)
                     found[k] = False  # an error is not evidence of absence: not cached
                 else:
                     found[k] = bool(r)

@@ -122,8 +122,15 @@ class S3Config(TierConfig):
     create_bucket: bool = Field(False, description="Create the bucket at startup if missing.")
     negative_cache_s: float = Field(
         2.0, ge=0, le=3600,
-        description="Seconds a block found absent by HEAD is remembered as absent "
+        description="Seconds a block an existence check found absent is remembered as absent "
         "(lookups of it send no request meanwhile); 0 disables.",
+    )
+    lookup_prefetch_bytes: int = Field(
+        256 << 20, ge=0, le=1 << 40,
+        description="Existence checks GET a block instead of HEADing it and hold its body "
+        "for the load that follows, up to this many bytes held at once (each at most "
+        "30 s): one request and one round trip per block found, not two. Past it they "
+        "HEAD. 0: HEADs only.",
     )
     namespace_record_refresh_s: float = Field(
         21600.0, gt=0, le=43200,

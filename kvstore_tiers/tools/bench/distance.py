@@ -22,7 +22,8 @@ capped cell, and through it, in alternating order:
 
 The **bound** of each is ``rtts x RTT + bytes / bandwidth``: ``rtts`` is the
 round trips the protocol needs at that concurrency (s3: ``ceil(N / C)`` waves of
-GET, as many of HEAD first on a fresh engine, each wave two RTTs on a server
+GET, as many of HEAD first on a fresh engine unless its existence checks GET the
+whole prefix (``lookup_prefetch_bytes``), each wave two RTTs on a server
 that closes its connections after every answer, as moto's does; redis:
 ``ceil(N / (batch x threads))`` waves of pipelined GETs, one pipeline of EXISTS
 first), and the bandwidth is the cap where there is one, else the fastest of the
@@ -146,6 +147,7 @@ class _S3(_Side):
         self.keys_extra = plan.tier_keys
         self.concurrency = int(plan.tier_keys.get(
             "max_concurrency", S3Config.model_fields["max_concurrency"].default))
+        self.prefetches = self.prefetch_covers(plan)
 
     def tier_config(self, url: str) -> dict[str, Any]:
         cfg = {"type": "s3", "bucket": self.bucket, "endpoint_url": url, "prefix": self.prefix,
@@ -184,13 +186,23 @@ class _S3(_Side):
             await everything()  # opens the connections: the timed pass runs on them
             return await everything()
 
+    @staticmethod
+    def prefetch_covers(plan: DistancePlan) -> bool:
+        """Whether a fresh engine's existence checks GET (and hold) the whole prefix
+        (``lookup_prefetch_bytes``): then its load needs no HEAD wave."""
+        from kvstore_tiers.backends.s3.config import S3Config
+
+        budget = int(plan.tier_keys.get(
+            "lookup_prefetch_bytes", S3Config.model_fields["lookup_prefetch_bytes"].default))
+        return budget >= plan.total_mib * MiB * 1.01  # each frame's header on top of its row
+
     #: The server closes every connection after its answer (moto's does), so every
     #: request pays a TCP handshake: two RTTs a wave, not one.
     closes = False
 
     def rtts(self, blocks: int, fresh: bool) -> int:
         waves = math.ceil(blocks / self.concurrency) * (2 if self.closes else 1)
-        return waves * (2 if fresh else 1)
+        return waves * (2 if fresh and not self.prefetches else 1)
 
 
 class _Redis(_Side):
