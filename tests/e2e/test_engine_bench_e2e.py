@@ -1,4 +1,5 @@
-"""``kvstore-tiers bench --engine`` for real: one pair of engine runs (five engine processes).
+"""``kvstore-tiers bench --engine`` for real: one pair of engine runs (five engine processes),
+and one round of a fresh engine at distance from redis (four).
 
 Here, not in tests/tools, because the engine runs need vLLM's CPU build,
 which the vLLM 0.33 pass (everything but tests/e2e) does not have."""
@@ -6,6 +7,7 @@ which the vLLM 0.33 pass (everything but tests/e2e) does not have."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -44,3 +46,31 @@ def test_one_pair_of_real_engine_runs(tmp_path: Path) -> None:
     assert data["code"]["path"]
     logged = [json.loads(line) for line in (out / "engine-runs" / "runs.jsonl").open()]
     assert logged == engine["runs"]
+
+
+@pytest.mark.engine
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server not installed")
+def test_a_fresh_engine_at_distance_from_redis(tmp_path: Path) -> None:
+    """One round on its own redis-server: fill, RTT 0 and 1 ms, recompute (four engines)."""
+    from kvstore_tiers.cli import main
+
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["bench", "--engine", "--tier", "redis", "--rtt-ms", "1",
+                                       "--rounds", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "+ RTTs (TTFT)" in result.output
+    doc = json.loads((out / "engine-distance.json").read_text())
+    res = doc["tiers"]["redis"]
+    s = res["summary"]
+    assert (s["valid_rounds"], s["failed"], s["target_rtts"]) == (1, [], 2)
+    assert [c["rtt_ms"] for c in s["cells"]] == [0.0, 1.0]
+    assert s["cells"][0]["extra_rtts"] is None and s["cells"][1]["extra_rtts"] is not None
+    runs = {r["rtt_ms"]: r for r in res["runs"]}
+    for rtt in (0.0, 1.0):
+        # every full block of the prompt from the tier, in a process that stored none
+        assert runs[rtt]["external_hit_tokens"] == 17 * 128
+        assert runs[rtt]["output"] == runs[None]["output"]
+    assert runs[None]["external_hit_tokens"] == 0
+    logged = [json.loads(line) for line in (out / "engine-distance-runs" / "runs.jsonl").open()]
+    assert [r["cell"] for r in logged if "cell" in r] == ["fill"]
+    assert len(logged) == 4

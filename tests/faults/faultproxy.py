@@ -18,7 +18,8 @@ client connection) unless a fault is armed:
 * ``heal()``: disarm everything and release stalled requests.
 
 ``requests`` counts requests received, by method, faults included; ``seen`` lists each
-one's (method, path).
+one's (method, path); ``connections`` counts the client connections that carried a
+request (one the client gave up on before sending anything is not a connection it uses).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ class FaultProxy:
         self.upstream = (u.hostname or "127.0.0.1", u.port or 80)
         self.requests: Counter[str] = Counter()
         self.seen: list[tuple[str, str]] = []
+        self.connections = 0
         self.faults_served = 0
         self._fault: _Fault | None = None
         self._lock = threading.Lock()
@@ -74,6 +76,10 @@ class FaultProxy:
                     self.close_connection = True
 
             def _any(self) -> None:
+                if not getattr(self, "_used", False):
+                    self._used = True
+                    with proxy._lock:
+                        proxy.connections += 1
                 proxy._handle(self)
 
             do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _any

@@ -25,7 +25,7 @@ def test_help_lists_the_engine_options() -> None:
     (["--pairs", "3"], "--pairs only apply to --engine"),
     (["--model", "tiny", "--tier", "fs"], "--model only apply to --engine"),
     (["--multi-process"], "--single-process only apply to --engine"),
-    (["--engine", "--tier", "redis"], "--engine runs its own workload; drop --tier"),
+    (["--engine", "--tier", "fs"], "--engine runs its own workload; drop --tier"),
     (["--engine", "--quick", "--rounds", "4"], "drop --quick, --rounds"),
 ])
 def test_options_that_do_not_go_together_are_refused(args: list[str], message: str,

@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import queue
 import time
@@ -174,12 +175,18 @@ class S3Backend(Backend):
         # A client's first request of an operation builds its request path (operation
         # model, endpoint rules, signer): 0.1-1 s of CPU here, which would land on a fresh
         # engine's first lookup. One request of an absent key, of the operation existence
-        # checks send first (GET while they prefetch, else HEAD), pays it at start-up (and
-        # opens a connection); it is not counted in `requests`, and an error only leaves
-        # that cost to the lookup.
-        warm = self._client.get_object if self._held.enabled else self._client.head_object
+        # checks send first (GET while they prefetch, else HEAD), pays it at start-up; then
+        # max_concurrency more at once open the whole pool, so a fresh engine's first wave
+        # of existence checks finds its connections open on a server that keeps them (a
+        # new one costs a round trip more at distance). None is counted in `requests`; an
+        # error only leaves its cost to the first lookup.
+        warm = functools.partial(
+            self._client.get_object if self._held.enabled else self._client.head_object,
+            Bucket=self.bucket, Key=self.prefix + WARM_KEY)
         with contextlib.suppress(Exception):
-            await warm(Bucket=self.bucket, Key=self.prefix + WARM_KEY)
+            await warm()
+        await asyncio.gather(*(warm() for _ in range(self.config.max_concurrency)),
+                             return_exceptions=True)
         # Count every HTTP attempt (retries included) for the lookup-cost metric.
         self._client.meta.events.register("before-send.s3", self._count_request)
 

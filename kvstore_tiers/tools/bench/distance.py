@@ -142,6 +142,10 @@ class _S3(_Side):
         admin = boto3.client("s3", endpoint_url=self.url, region_name=self.region, **self.creds)
         if plan.s3_bucket is None:
             admin.create_bucket(Bucket=self.bucket)
+        # Known before any load, so a table that starts with a fresh engine can say it.
+        with contextlib.suppress(Exception):
+            head = admin.head_bucket(Bucket=self.bucket)
+            self.closes = head["ResponseMetadata"]["HTTPHeaders"].get("connection") == "close"
         self.prefix = f"{plan.s3_prefix}kvstore-distance-{uuid.uuid4().hex[:8]}/"
         stack.callback(s3_bench._empty_bucket, admin, self.bucket, self.prefix)
         self.keys_extra = plan.tier_keys
@@ -347,6 +351,25 @@ def _path(upstream: tuple[str, int], rtt_ms: float, cap_mbit: float | None
         yield stack.enter_context(delay_proxy(upstream, rtt_ms, host=host, netns=netns))
 
 
+@contextlib.contextmanager
+def at_distance(url: str, rtt_ms: float, cap_mbit: float | None = None) -> Iterator[str]:
+    """``url`` (http:// or redis://) reached through a delaying proxy adding ``rtt_ms``
+    (behind a link capped at ``cap_mbit`` when given): yields the proxied URL, its
+    scheme, credentials, path and query kept; the proxy stops on exit."""
+    with _path(_upstream(url), rtt_ms, cap_mbit) as (host, port):
+        yield _with_netloc(url, host, port)
+
+
+#: The remote tiers this module can put at a distance, by tier type.
+SIDES: dict[str, type[_Side]] = {"s3": _S3, "redis": _Redis}
+
+
+def remote(name: str, plan: DistancePlan, stack: contextlib.ExitStack) -> _Side:
+    """Tier ``name``'s server (its own, or the one ``plan`` names), ready for
+    ``tier_config(url)``; what it stored is removed when ``stack`` closes."""
+    return SIDES[name](plan, stack)
+
+
 def run(plan: DistancePlan, progress: Callable[[str], None] = print) -> dict[str, Any]:
     """Every cell of every tier; returns ``{"plan", "tiers": {name: {"server", "bytes",
     "blocks", "cells": [...]}}}``, each cell with its times, bounds and ratios."""
@@ -361,10 +384,9 @@ def run(plan: DistancePlan, progress: Callable[[str], None] = print) -> dict[str
     rows = rows_for(keys, block)
     out: dict[str, Any] = {"plan": {k: v for k, v in plan.__dict__.items()
                                     if k not in ("redis_url",)}, "tiers": {}}
-    makers = {"s3": _S3, "redis": _Redis}
     for name in plan.tiers:
         with contextlib.ExitStack() as stack:
-            side = makers[name](plan, stack)
+            side = remote(name, plan, stack)
             progress(f"{name}: storing {blocks} blocks of {plan.block_kib} KiB on loopback")
             _store(side, keys, rows)
             cells = []
@@ -375,8 +397,7 @@ def run(plan: DistancePlan, progress: Callable[[str], None] = print) -> dict[str
                                                    "lookup_p99_us": [], "store_submit_ms": []}
                 nbytes = 0
                 for r in range(plan.rounds):
-                    with _path(_upstream(side.url), rtt, cap) as (host, port):
-                        url = _with_netloc(side.url, host, port)
+                    with at_distance(side.url, rtt, cap) as url:
                         order = ("raw", "tier") if r % 2 == 0 else ("tier", "raw")
                         for what in order:
                             if what == "raw":

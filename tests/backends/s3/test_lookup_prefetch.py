@@ -125,12 +125,29 @@ def test_a_held_body_cut_short_is_fetched_again(tier_config: Any, proxy: FaultPr
 @pytest.mark.parametrize(("budget", "method"), [(None, "GET"), (0, "HEAD")])
 def test_start_up_warms_the_operation_lookups_send(tier_config: Any, proxy: FaultProxy,
                                                    budget: int | None, method: str) -> None:
+    """Once alone (the request path is built), then once per pooled connection at once."""
     extra = {} if budget is None else {"lookup_prefetch_bytes": budget}
-    h = harness(tier_config(endpoint_url=proxy.url, **extra))
+    h = harness(tier_config(endpoint_url=proxy.url, max_concurrency=8, **extra))
     try:
         backend = h.tiers[0].backend
         warm = [m for m, p in proxy.seen if p.endswith("/" + backend.prefix + WARM_KEY)]
-        assert warm == [method], proxy.seen
+        assert warm == [method] * 9, proxy.seen
         assert sum(backend.requests.values()) == 0
+    finally:
+        h.shutdown()
+
+
+@pytest.mark.parametrize("budget", [None, 0])
+def test_a_fresh_engine_s_first_existence_checks_open_no_connection(
+        tier_config: Any, proxy: FaultProxy, budget: int | None) -> None:
+    """The proxy keeps its client connections open whatever the server behind it does."""
+    extra = {} if budget is None else {"lookup_prefetch_bytes": budget}
+    h = harness(tier_config(endpoint_url=proxy.url, max_concurrency=8, **extra))
+    try:
+        backend = h.tiers[0].backend
+        opened = proxy.connections
+        assert backend.exists_many([f"absent-{i}" for i in range(8)]) == [False] * 8
+        assert sum(backend.requests.values()) == 8
+        assert proxy.connections == opened
     finally:
         h.shutdown()
