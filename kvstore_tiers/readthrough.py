@@ -59,7 +59,11 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from kvstore_tiers.batching import LoadItem
+from kvstore_tiers.config import TierConfig
+from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.frame import FrameCodec, checksum
 from kvstore_tiers.job import Job, PrimaryRows, TransferContext, run_slots
 from kvstore_tiers.metrics import TierCounters
@@ -311,12 +315,24 @@ def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
     intake.ripe = len(offers)
 
 
-def check_one_caching_tier(configs: list[Any], label: str) -> None:
-    """Start-up: ``read_through`` is set on at most one of a manager's tier
-    ``configs`` (``secondary_tiers`` in order); else a ConfigError naming it."""
-    from kvstore_tiers.errors import ConfigError
+_ON = TypeAdapter(TierConfig.model_fields["read_through"].annotation)
 
-    caching = [c.get("type") for c in configs if isinstance(c, dict) and c.get("read_through")]
+
+def check_one_caching_tier(configs: list[Any], label: str) -> None:
+    """Start-up: ``read_through`` is on in at most one of a manager's tier
+    ``configs`` (``secondary_tiers`` in order), each value read as the tier's
+    own config reads it (``"false"`` is off); else a ConfigError naming the key."""
+    caching = []
+    for config in configs:
+        if not isinstance(config, dict) or "read_through" not in config:
+            continue
+        try:
+            on = _ON.validate_python(config["read_through"])
+        except ValidationError:
+            raise ConfigError(f"invalid config for secondary tier {config.get('type')!r}: key "
+                              "'read_through': not a boolean") from None
+        if on:
+            caching.append(config.get("type"))
     if len(caching) > 1:
         raise ConfigError(f"read_through: tier {label!r} sets it, and so do the tiers "
                           f"{caching!r} of the same secondary_tiers; one tier may cache the "

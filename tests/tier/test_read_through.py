@@ -166,6 +166,25 @@ def test_one_tier_of_a_manager_may_read_through(harness_factory: Any, tmp_path: 
                         num_chunks=16, chunk_bytes=4096)
 
 
+@pytest.mark.parametrize("off", [False, "false", 0, "off"])
+def test_a_tier_that_sets_read_through_off_is_not_a_second_caching_tier(
+    harness_factory: Any, tmp_path: Path, off: Any
+) -> None:
+    """``read_through`` is read as the tier's own config reads it: a value that
+    means off (``"false"`` included) leaves one caching tier."""
+    b = harness_factory([fs(tmp_path / "1", read_through=True),
+                         fs(tmp_path / "2", read_through=off)], num_chunks=16, chunk_bytes=4096)
+    assert [t.config.read_through for t in b.tiers] == [True, False]
+
+
+def test_a_read_through_that_is_no_boolean_fails_naming_the_key(harness_factory: Any,
+                                                                tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'read_through'"):
+        harness_factory([fs(tmp_path / "1", read_through=True),
+                         fs(tmp_path / "2", read_through="maybe")], num_chunks=16,
+                        chunk_bytes=4096)
+
+
 def test_the_tier_has_pending_work_until_its_fills_are_written(
     harness_factory: Any, tmp_path: Path
 ) -> None:
