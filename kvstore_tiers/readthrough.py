@@ -20,13 +20,13 @@ time the block falls out of its CPU tier. A tier configured with
    is done.
 2. That thread also builds the :class:`FillJob`: a store job of the caching
    tier over those rows. The caching tier's scheduler thread queues it on
-   its I/O pool like any store (:func:`fill_jobs`), one poll after it was
-   offered (by then vLLM has been told of the load, so the write does not
-   compete with the load's last step), without the keys its presence index
-   holds already. So the write is the tier's own: its frame, codec and
-   checksum, its store filter, its capacity control, its presence index
-   (the keys answer HIT once written) and its counters
-   (``read_through_stored``). vLLM never hears of a fill.
+   its I/O pool like any store (:meth:`ReadThrough.step`), one poll after it
+   was offered (by then vLLM has been told of the load, so the write does
+   not compete with the load's last step), without the keys its presence
+   index holds already. So the write is the
+   tier's own: its frame, codec and checksum, its store filter, its capacity
+   control, its presence index (the keys answer HIT once written) and its
+   counters (``read_through_stored``). vLLM never hears of a fill.
 3. vLLM owns the primary rows: once it has the load it may reuse a row for
    another block at any time. So the fill's I/O thread first copies each
    row into a buffer of its own (a snapshot no one else writes) and writes
@@ -39,12 +39,15 @@ time the block falls out of its CPU tier. A tier configured with
 
 A block is therefore written at most once per caching tier by this process
 (the presence index skips the keys it holds or has in flight; a backend's
-write-once put answers "existed" for one another process wrote). The
-caching tier subscribes to the tiers after it explicitly (:func:`subscribe`),
-from the list of tiers vLLM's manager built (:func:`kvstore_tiers.compat.secondary_tiers`),
-at its first step: vLLM builds the tiers one by one and calls none of them
-before the manager exists. No lookup by the spec: a tier builds with any spec
-object.
+write-once put answers "existed" for one another process wrote).
+
+The caching tier holds all of this as one layer (:class:`ReadThrough`, a
+:class:`~kvstore_tiers.layer.TierLayer`) and names none of it. At its
+first step the layer subscribes the intake to the tiers after it
+(:func:`subscribe`), from the list of tiers vLLM's manager built
+(:func:`kvstore_tiers.compat.secondary_tiers`): vLLM builds the tiers one
+by one and calls none of them before the manager exists. No lookup by the
+spec: a tier builds with any spec object.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from kvstore_tiers.config import TierConfig
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.frame import FrameCodec, checksum
 from kvstore_tiers.job import Job, PrimaryRows, TransferContext, run_slots
+from kvstore_tiers.layer import TierLayer
 from kvstore_tiers.metrics import TierCounters
 
 if TYPE_CHECKING:
@@ -97,14 +101,15 @@ class Intake:
     kept buffers and the caching tier's ``read_through_dropped`` counter.
     """
 
-    def __init__(self, label: str, row_bytes: int, max_bytes: int) -> None:
+    def __init__(self, label: str, row_bytes: int, max_bytes: int, batch: int,
+                 counters: TierCounters) -> None:
         self.label = label
         self.row_bytes = row_bytes
         self.max_bytes = max_bytes
         self.offers: deque[FillJob] = deque()
         self.ripe = 0  # offers already there at the last poll
         self._ctx: TransferContext | None = None  # the caching tier's (bind)
-        self._batch = 1
+        self._batch = batch  # the caching tier's store batch
         self._lock = threading.Lock()
         self._pending = 0  # bytes of blocks offered and not yet written or dropped
         # Snapshot buffers of fills, kept for the next: a fresh buffer's pages
@@ -112,16 +117,16 @@ class Intake:
         # (anonymous mmap), so the fs tier writes them with O_DIRECT as it
         # writes primary rows; at most one per row a fill thread holds at once.
         self._free: list[mmap.mmap] = []
-        #: Where blocks not cached are counted (bind).
-        self._counters = TierCounters()
+        #: The caching tier's, where blocks not cached are counted.
+        self._counters = counters
         self.closed = False  # the caching tier shut down: nothing more is taken
         #: Bumped by :meth:`drain`; a fill offered before it is dropped.
         self.generation = 0
 
-    def bind(self, ctx: TransferContext, batch: int, counters: TierCounters) -> None:
-        """The caching tier's transfer context and store batch, for its fills, and
-        its counters."""
-        self._ctx, self._batch, self._counters = ctx, batch, counters
+    def bind(self, ctx: TransferContext) -> None:
+        """The caching tier's transfer context, for its fills (its last, with
+        every layer's hooks: a fill passes the tier's store filter)."""
+        self._ctx = ctx
 
     @property
     def pending_bytes(self) -> int:
@@ -356,3 +361,38 @@ def subscribe(intake: Intake, tiers: list[Any], caching: Any) -> None:
         if after and hasattr(tier, "observe_loads"):
             tier.observe_loads(intake)
         after = after or tier is caching
+
+
+class ReadThrough(TierLayer):
+    """Read-through as a layer of the caching tier (:class:`~kvstore_tiers.layer.TierLayer`):
+    its :class:`Intake`, subscribed to the tiers after it at the first step,
+    and the fills it queues on the tier's pool at each poll."""
+
+    def __init__(self, intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
+        self.intake, self.presence, self.pool = intake, presence, pool
+
+    def compose(self, ctx: TransferContext) -> TransferContext:
+        self.intake.bind(ctx)  # the fills' context; a load of this tier is not observed
+        return ctx
+
+    def wire(self, tier: Any, tiers: Sequence[Any] | None) -> None:
+        subscribe(self.intake, list(tiers or ()), tier)
+
+    def step(self) -> None:
+        if self.intake.offers:  # blocks later tiers loaded
+            fill_jobs(self.intake, self.presence, self.pool)
+
+    @property
+    def pending_bytes(self) -> int:
+        return self.intake.pending_bytes
+
+    def drain(self) -> None:
+        self.intake.drain()
+
+    def close(self) -> None:
+        self.intake.close()  # later tiers' loads are no longer offered to it
+
+
+def intake_of(tier: Any) -> Intake | None:
+    """The intake of ``tier``'s read-through layer (None: it caches no tier)."""
+    return next((layer.intake for layer in tier.layers if isinstance(layer, ReadThrough)), None)
