@@ -192,6 +192,24 @@ def test_a_read_through_that_is_no_boolean_fails_naming_the_key(harness_factory:
                         chunk_bytes=4096)
 
 
+def test_blocks_offered_again_with_new_ones_write_only_the_new(
+    harness_factory: Any, tmp_path: Path
+) -> None:
+    """A fill whose keys the tier partly holds is a fill of the others only, and
+    answers for every block offered (nothing stays pending)."""
+    b = harness_factory([fs(tmp_path / "b", read_through=True), fs(tmp_path / "far")],
+                        num_chunks=16, chunk_bytes=ROW)
+    local = b.tiers[0]
+    keys, rows = make_keys(4, seed=19), rows_like(4, ROW, seed=19)
+    offer(b, local, keys[:2], rows[:2])
+    b.settle()
+    offer(b, local, keys, rows)
+    b.settle()
+    assert local.counters.read_through_stored == 4 and local.counters.read_through_dropped == 0
+    assert local.counters.objects_stored == 4 and objects(tmp_path / "b") == 4
+    assert intake(local).pending_bytes == 0 and not b.manager.has_pending_work()
+
+
 def test_the_tier_has_pending_work_until_its_fills_are_written(
     harness_factory: Any, tmp_path: Path
 ) -> None:
