@@ -29,6 +29,7 @@ nothing of admission.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -38,9 +39,12 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 from kvstore_tiers.config import WRITE_COST
+from kvstore_tiers.job import observe_both
+from kvstore_tiers.layer import TierLayer
 from kvstore_tiers.sketch import FrequencySketch
 
 if TYPE_CHECKING:
+    from kvstore_tiers.job import TransferContext
     from kvstore_tiers.metrics import TierCounters
     from kvstore_tiers.ratelimit import RateLimitedLogger
 
@@ -64,10 +68,11 @@ class Policy(Protocol):
         """The tier shuts down (stops any thread of the policy; idempotent)."""
 
 
-class AdmissionLayer:
-    """Store admission as a layer around a tier's store path, composed by the tier.
+class AdmissionLayer(TierLayer):
+    """Store admission as a layer around a tier's store path (:class:`TierLayer`).
 
-    To the jobs it is a store filter (:meth:`keep`: which of a store job's
+    It puts itself into the tier's transfer context (:meth:`compose`); to
+    the jobs it is then a store filter (:meth:`keep`: which of a store job's
     blocks to write, asked once by the I/O thread that starts the job) and a
     load observer (:meth:`loaded`: a load's blocks count as sightings, on the
     I/O thread that ran the batch). It counts its own skips into the tier's
@@ -80,6 +85,16 @@ class AdmissionLayer:
     def __init__(self, policy: Policy, counters: TierCounters, warn: RateLimitedLogger,
                  label: str) -> None:
         self.policy, self.counters, self.warn, self.label = policy, counters, warn, label
+
+    def compose(self, ctx: TransferContext) -> TransferContext:
+        """The tier's context with this layer as its store filter and one of its
+        load observers."""
+        return dataclasses.replace(ctx, store_filter=self,
+                                   observer=observe_both(ctx.observer, self))
+
+    def close(self) -> None:
+        """Stops the policy's probe thread (it reads the backend)."""
+        self.policy.close()
 
     def keep(self, keys: list[bytes]) -> list[int] | None:
         """The indices of ``keys`` to write (ascending), None: all of them."""
@@ -111,6 +126,12 @@ class AdmissionLayer:
 
     def drain(self) -> None:
         """Nothing is kept of rows loaded."""
+
+
+def policy_of(tier: Any) -> Policy | None:
+    """The admission policy ``tier`` composed (None: ``admission: always``)."""
+    return next((layer.policy for layer in tier.layers if isinstance(layer, AdmissionLayer)),
+                None)
 
 
 class ReusePolicy:

@@ -15,19 +15,22 @@ from typing import TYPE_CHECKING, Any
 from kvstore_tiers.admission import (
     PROBE_INTERVAL_S,
     AdaptivePolicy,
+    AdmissionLayer,
     CapacitySignal,
     FrequencySketch,
     Policy,
     ReusePolicy,
 )
 from kvstore_tiers.compat import secondary_tier_configs
-from kvstore_tiers.config import TierConfig
+from kvstore_tiers.config import TierConfig, validate_config, warn_inline_secrets
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.fingerprint import FingerprintError
 from kvstore_tiers.frame import FrameCodec
+from kvstore_tiers.layer import TierLayer
 from kvstore_tiers.namespace import Namespace
 from kvstore_tiers.pool import IOPool
-from kvstore_tiers.readthrough import Intake, check_one_caching_tier
+from kvstore_tiers.ratelimit import RateLimitedLogger
+from kvstore_tiers.readthrough import Intake, ReadThrough, check_one_caching_tier
 
 if TYPE_CHECKING:
     from vllm.v1.kv_offload.base import OffloadingEvent, OffloadingSpec
@@ -36,8 +39,22 @@ if TYPE_CHECKING:
     from kvstore_tiers.codecs import CodecId
     from kvstore_tiers.crypto import PayloadCipher
     from kvstore_tiers.metrics import TierCounters
+    from kvstore_tiers.presence import PresenceIndex
 
 logger = logging.getLogger("kvstore_tiers.tier")
+
+
+def tier_config(model: type[TierConfig], offloading_spec: OffloadingSpec, tier_type: str,
+                values: dict[str, Any]) -> TierConfig:
+    """The tier's validated config, before anything is opened: its own keys,
+    and what it must agree on with the other tiers of the same
+    ``secondary_tiers`` (one tier sets ``read_through``); a ConfigError naming
+    the key otherwise. Warns once of secrets written inline."""
+    config = validate_config(model, tier_type, values)
+    warn_inline_secrets(config, tier_type)
+    if config.read_through:
+        check_one_caching_tier(secondary_tier_configs(offloading_spec), tier_type)
+    return config
 
 
 def default_detector(remote: bool, tier_type: str, config: TierConfig) -> Any | None:
@@ -153,12 +170,24 @@ def store_backlog_bound(configured: int | None, primary_bytes: int) -> float:
     return configured or float("inf")
 
 
-def read_through(offloading_spec: OffloadingSpec, config: TierConfig, tier_type: str,
-                 row_bytes: int) -> Intake:
-    """This tier's intake of blocks later tiers load, used when it sets
-    ``read_through`` (it subscribes to them at its first step:
-    :func:`kvstore_tiers.readthrough.subscribe`); a second tier of the same
-    ``secondary_tiers`` that sets it fails start-up, naming the key."""
+def layers(config: TierConfig, tier_type: str, backend: Backend, counters: TierCounters,
+           presence: PresenceIndex, pool: IOPool, store_batch: int, row_bytes: int
+           ) -> list[TierLayer]:
+    """What the tier composes around its transfers (:mod:`kvstore_tiers.layer`), in
+    the order it composes them; empty when the config adds nothing.
+
+    * store admission (:class:`~kvstore_tiers.admission.AdmissionLayer`), unless
+      ``admission: always``;
+    * read-through (:class:`~kvstore_tiers.readthrough.ReadThrough`), with
+      ``read_through``; last, so that its fills run with the context every
+      other layer composed (they pass the tier's store filter).
+    """
+    out: list[TierLayer] = []
+    policy = admission_policy(config, backend, counters, row_bytes)
+    if policy is not None:
+        out.append(AdmissionLayer(policy, counters, RateLimitedLogger(logger, interval_s=30.0),
+                                  tier_type))
     if config.read_through:
-        check_one_caching_tier(secondary_tier_configs(offloading_spec), tier_type)
-    return Intake(tier_type, row_bytes, config.read_through_max_bytes)
+        intake = Intake(tier_type, row_bytes, config.read_through_max_bytes, store_batch, counters)
+        out.append(ReadThrough(intake, presence, pool))
+    return out

@@ -127,6 +127,18 @@ def observe_both(first: LoadObserver | None, second: LoadObserver) -> LoadObserv
     return second if first is None else _Both(first, second)
 
 
+class Rows(Protocol):
+    """The rows a tier's jobs move blocks from and into, by chunk id (I/O threads)."""
+
+    row_bytes: int
+
+    def __getitem__(self, chunk_id: int) -> memoryview: ...
+
+    def release(self) -> None:
+        """No row is handed out after this."""
+        ...
+
+
 class PrimaryRows:
     """vLLM's primary KV view as rows of ``row_bytes`` (I/O threads read and write them).
 
@@ -157,7 +169,7 @@ class TransferContext:
     """What every job of one tier needs, built once by the tier and shared."""
 
     backend: Backend
-    rows: PrimaryRows
+    rows: Rows  # vLLM's primary (PrimaryRows), or rows of the tier's own
     object_name: Callable[[bytes], str]
     label: str  # the tier type, for log lines
     medium: Medium

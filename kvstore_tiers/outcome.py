@@ -19,6 +19,19 @@ from vllm.v1.kv_offload.tiering.base import JobResult
 from kvstore_tiers.errors import Cancelled, ObjectCorrupt, ObjectMissing, TransientError
 
 
+class _NotWritten:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_WRITTEN"
+
+
+#: A store slot's outcome when the job's runner chose not to write it after all
+#: (its row no longer held the block): neither stored nor failed, as the blocks a
+#: store filter declines; :meth:`Summary.of` adds it to ``unwritten``.
+NOT_WRITTEN: Any = _NotWritten()
+
+
 @dataclass(slots=True)
 class Summary:
     """A finished job's outcomes, condensed off the scheduler thread."""
@@ -51,8 +64,8 @@ class Summary:
     def of(cls, keys: list[bytes], outcomes: list[Any], stored_bytes: list[int],
            is_load: bool, unwritten: list[bytes] | tuple[()] = ()) -> Summary:
         """Condense slot ``s``'s block ``keys[s]``, its outcome (``None`` loaded,
-        ``True``/``False`` stored/existed, or the error) and frame bytes moved;
-        ``unwritten``: a store's blocks not offered to the backend."""
+        ``True``/``False`` stored/existed, :data:`NOT_WRITTEN`, or the error) and
+        frame bytes moved; ``unwritten``: a store's blocks not offered to the backend."""
         n = len(keys)
         # The common case in C (this runs holding the GIL the scheduler wants).
         # ``ok`` is the job's own key list (never mutated): no copy.
@@ -62,6 +75,9 @@ class Summary:
             return cls(keys, [], unwritten, written=n, frame_bytes=sum(stored_bytes))
         s = cls([], [], unwritten, cancelled_keys=[] if is_load else ())
         for key, res, nbytes in zip(keys, outcomes, stored_bytes, strict=True):
+            if res is NOT_WRITTEN:
+                s.unwritten = [*s.unwritten, key]
+                continue
             if not isinstance(res, BaseException):
                 s.ok.append(key)
                 if res is False and not is_load:

@@ -18,15 +18,17 @@ time the block falls out of its CPU tier. A tier configured with
    The thread that finishes the load job hands its notes to the caching tier
    (:meth:`Intake.offer`), so no write of them starts before the whole load
    is done.
-2. That thread also builds the :class:`FillJob`: a store job of the caching
+2. That thread also builds the :class:`FillJob`: a store of the caching
    tier over those rows. The caching tier's scheduler thread queues it on
-   its I/O pool like any store (:func:`fill_jobs`), one poll after it was
-   offered (by then vLLM has been told of the load, so the write does not
-   compete with the load's last step), without the keys its presence index
-   holds already. So the write is the tier's own: its frame, codec and
-   checksum, its store filter, its capacity control, its presence index
-   (the keys answer HIT once written) and its counters
-   (``read_through_stored``). vLLM never hears of a fill.
+   its I/O pool like any store (:meth:`ReadThrough.step`), one poll after it
+   was offered (by then vLLM has been told of the load, so the write does
+   not compete with the load's last step), without the keys its presence
+   index holds already. The fill is composed from the store path, not a
+   kind of it: it runs a plain store :class:`~kvstore_tiers.job.Job` of the
+   tier over rows of its own (:class:`Snapshots`). So the write is the
+   tier's own: its frame, codec and checksum, its store filter, its capacity
+   control, its presence index (the keys answer HIT once written) and its
+   counters (``read_through_stored``). vLLM never hears of a fill.
 3. vLLM owns the primary rows: once it has the load it may reuse a row for
    another block at any time. So the fill's I/O thread first copies each
    row into a buffer of its own (a snapshot no one else writes) and writes
@@ -39,12 +41,15 @@ time the block falls out of its CPU tier. A tier configured with
 
 A block is therefore written at most once per caching tier by this process
 (the presence index skips the keys it holds or has in flight; a backend's
-write-once put answers "existed" for one another process wrote). The
-caching tier subscribes to the tiers after it explicitly (:func:`subscribe`),
-from the list of tiers vLLM's manager built (:func:`kvstore_tiers.compat.secondary_tiers`),
-at its first step: vLLM builds the tiers one by one and calls none of them
-before the manager exists. No lookup by the spec: a tier builds with any spec
-object.
+write-once put answers "existed" for one another process wrote).
+
+The caching tier holds all of this as one layer (:class:`ReadThrough`, a
+:class:`~kvstore_tiers.layer.TierLayer`) and names none of it. At its
+first step the layer subscribes the intake to the tiers after it
+(:func:`subscribe`), from the list of tiers vLLM's manager built
+(:func:`kvstore_tiers.compat.secondary_tiers`): vLLM builds the tiers one
+by one and calls none of them before the manager exists. No lookup by the
+spec: a tier builds with any spec object.
 """
 
 from __future__ import annotations
@@ -59,10 +64,17 @@ from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from pydantic import TypeAdapter, ValidationError
+
 from kvstore_tiers.batching import LoadItem
+from kvstore_tiers.config import TierConfig
+from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.frame import FrameCodec, checksum
-from kvstore_tiers.job import Job, PrimaryRows, TransferContext, run_slots
+from kvstore_tiers.job import Job, TransferContext, run_slots
+from kvstore_tiers.layer import TierLayer
 from kvstore_tiers.metrics import TierCounters
+from kvstore_tiers.outcome import NOT_WRITTEN
+from kvstore_tiers.pool import PoolJob
 
 if TYPE_CHECKING:
     from kvstore_tiers.ledger import Ledger
@@ -93,14 +105,15 @@ class Intake:
     kept buffers and the caching tier's ``read_through_dropped`` counter.
     """
 
-    def __init__(self, label: str, row_bytes: int, max_bytes: int) -> None:
+    def __init__(self, label: str, row_bytes: int, max_bytes: int, batch: int,
+                 counters: TierCounters) -> None:
         self.label = label
         self.row_bytes = row_bytes
         self.max_bytes = max_bytes
         self.offers: deque[FillJob] = deque()
         self.ripe = 0  # offers already there at the last poll
         self._ctx: TransferContext | None = None  # the caching tier's (bind)
-        self._batch = 1
+        self._batch = batch  # the caching tier's store batch
         self._lock = threading.Lock()
         self._pending = 0  # bytes of blocks offered and not yet written or dropped
         # Snapshot buffers of fills, kept for the next: a fresh buffer's pages
@@ -108,16 +121,16 @@ class Intake:
         # (anonymous mmap), so the fs tier writes them with O_DIRECT as it
         # writes primary rows; at most one per row a fill thread holds at once.
         self._free: list[mmap.mmap] = []
-        #: Where blocks not cached are counted (bind).
-        self._counters = TierCounters()
+        #: The caching tier's, where blocks not cached are counted.
+        self._counters = counters
         self.closed = False  # the caching tier shut down: nothing more is taken
         #: Bumped by :meth:`drain`; a fill offered before it is dropped.
         self.generation = 0
 
-    def bind(self, ctx: TransferContext, batch: int, counters: TierCounters) -> None:
-        """The caching tier's transfer context and store batch, for its fills, and
-        its counters."""
-        self._ctx, self._batch, self._counters = ctx, batch, counters
+    def bind(self, ctx: TransferContext) -> None:
+        """The caching tier's transfer context, for its fills (its last, with
+        every layer's hooks: a fill passes the tier's store filter)."""
+        self._ctx = ctx
 
     @property
     def pending_bytes(self) -> int:
@@ -161,7 +174,8 @@ class Intake:
             return
         cids = [c for p in parts for c in p[1]]
         marks = [m for p in parts for m in p[2]]
-        self.offers.append(FillJob(self._ctx, self, keys, cids, marks, self._batch))
+        self.offers.append(FillJob(self._ctx, self, keys, cids, marks, self._batch,
+                                   self.generation, len(keys)))
 
     def settled(self, job: FillJob, dropped: int) -> None:
         """``job`` is written, or will not be: its blocks leave the pending bytes,
@@ -198,14 +212,15 @@ class Intake:
             self._free = []
 
 
-class Snapshots(PrimaryRows):
-    """A fill's rows: its snapshots, by position in the fill (None: not taken)."""
+class Snapshots:
+    """A fill's rows (:class:`~kvstore_tiers.job.Rows`): its snapshots, by
+    position in the fill (None: not taken, or given back)."""
 
-    __slots__ = ("views",)
+    __slots__ = ("row_bytes", "views")
 
     def __init__(self, n: int, row_bytes: int) -> None:
         self.views: list[memoryview | None] = [None] * n
-        self.count, self.row_bytes, self._flat = n, row_bytes, None
+        self.row_bytes = row_bytes
 
     def __getitem__(self, chunk_id: int) -> memoryview:
         view = self.views[chunk_id]
@@ -216,73 +231,103 @@ class Snapshots(PrimaryRows):
         self.views = []
 
 
-class FillJob(Job):
-    """A store job of the caching tier over primary rows other tiers' loads filled.
+class FillJob(PoolJob):
+    """A write of the caching tier that vLLM never submitted: blocks other
+    tiers' loads put in primary rows.
 
-    Slot ``s`` is the block at position ``cids[s]`` of the fill: primary row
-    ``rows_of[cids[s]]``, noted with ``marks[cids[s]]`` (positions survive the
-    narrowing of :meth:`keep` and of the tier's store filter)."""
+    Composed from the store path: :attr:`store` is a plain store
+    :class:`~kvstore_tiers.job.Job` of the caching tier over
+    :class:`Snapshots`, slot ``s`` the block at position ``store.cids[s]`` of
+    the fill (primary row ``rows_of[pos]``, noted with ``marks[pos]``).
+    The pool runs this job; each hook hands the store job what it would be
+    given as a job of its own (it narrows itself to what the tier's store
+    filter keeps, and this job follows it), and :meth:`run` first takes a
+    snapshot of each row and checks its mark: a slot whose row was reused is
+    not run, its outcome :data:`~kvstore_tiers.outcome.NOT_WRITTEN`. Neither
+    job's fields are rewritten after it was built.
+    """
 
-    __slots__ = ("generation", "intake", "marks", "primary", "reused", "rows_of")
+    __slots__ = ("ctx", "generation", "intake", "keys", "marks", "offered", "reused",
+                 "rows_of", "store")
 
     def __init__(self, ctx: TransferContext, intake: Intake, keys: list[bytes],
-                 cids: list[int], marks: list[Mark], batch: int) -> None:
+                 rows_of: list[int], marks: list[Mark], batch: int, generation: int,
+                 offered: int) -> None:
         n = len(keys)
-        super().__init__(dataclasses.replace(ctx, rows=Snapshots(n, intake.row_bytes)), -1,
+        PoolJob.__init__(self, -1, n, batch)
+        self.store = Job(dataclasses.replace(ctx, rows=Snapshots(n, intake.row_bytes)), -1,
                          is_load=False, req_id="", keys=keys, cids=list(range(n)),
                          submit_time=time.monotonic(), deadline=None, batch=batch)
-        self.intake, self.primary, self.rows_of, self.marks = intake, ctx.rows, cids, marks
-        self.generation = intake.generation  # offered: n, the blocks before keep()
+        self.ctx, self.intake, self.keys = ctx, intake, keys
+        self.rows_of, self.marks = rows_of, marks
+        #: The intake's generation when the blocks were offered, and how many were
+        #: (a fill of some of them, :meth:`only`, still answers for them all).
+        self.generation, self.offered = generation, offered
         self.reused: list[int] = []  # slots whose row no longer held the block loaded
 
-    def keep(self, keys: list[bytes]) -> None:
-        """Before it is queued: write only ``keys`` (the others are held already)."""
+    @property
+    def receipt(self) -> object:
+        """The presence index's receipt of the store job's keys."""
+        return self.store.receipt
+
+    def only(self, keys: list[bytes]) -> FillJob:
+        """Before it is queued: a fill of ``keys`` alone (the others are held
+        already), answering for the blocks this one was offered."""
         pos = {k: i for i, k in enumerate(self.keys)}
-        self.keys, self.cids = keys, [pos[k] for k in keys]
-        self.narrow(len(keys))
+        at = [pos[k] for k in keys]
+        return FillJob(self.ctx, self.intake, keys, [self.rows_of[i] for i in at],
+                       [self.marks[i] for i in at], self.batch, self.generation, self.offered)
+
+    def start(self, runs: bool) -> None:
+        store = self.store
+        store.start(runs)  # the tier's store filter may narrow it
+        if store.n_slots != self.n_slots:
+            self.narrow(store.n_slots)
 
     def run(self, codec: FrameCodec, start: int, stop: int) -> None:
         if start == stop:
             return
-        snaps = self.ctx.rows
+        store = self.store
+        snaps = store.ctx.rows
         assert isinstance(snaps, Snapshots)
         bufs = self.intake.buffers(stop - start)
-        taken, crcs = [], []
+        taken, crcs, reused = [], [], []
         try:
             for s, buf in zip(range(start, stop), bufs, strict=True):
-                pos = self.cids[s]
+                pos = store.cids[s]
                 view = memoryview(buf)
-                view[:] = self.primary[self.rows_of[pos]]
+                view[:] = self.ctx.rows[self.rows_of[pos]]
                 if mark(view) == self.marks[pos]:
                     snaps.views[pos] = view
                     taken.append(s)
                     crcs.append(self.marks[pos][0])
                 else:
-                    self.reused.append(s)
-            run_slots(self, codec, start, stop, (taken, crcs))
+                    reused.append(s)
+            run_slots(store, codec, start, stop, (taken, crcs))
+            for s in reused:  # after the batch: a failed call marks every slot failed
+                store.outcomes[s] = NOT_WRITTEN
         finally:
+            self.reused += reused
             for s in range(start, stop):
-                snaps.views[self.cids[s]] = None
+                snaps.views[store.cids[s]] = None
             self.intake.give_back(bufs)
 
+    def cancel(self, start: int, stop: int) -> None:
+        self.store.cancel(start, stop)
+
     def finish(self) -> None:
-        if self.reused:  # neither stored nor failed: they leave the presence index
-            gone = set(self.reused)
-            kept = [s for s in range(len(self.keys)) if s not in gone]
-            self.unwritten = [*self.unwritten, *(self.keys[s] for s in sorted(gone))]
-            self.keys = [self.keys[s] for s in kept]
-            self.outcomes = [self.outcomes[s] for s in kept]
-            self.stored_bytes = [self.stored_bytes[s] for s in kept]
-        super().finish()
-        self.ctx.rows.release()
+        store = self.store
+        store.finish()  # blocks not written leave the presence index once settled
+        store.ctx.rows.release()
         self.intake.settled(self, len(self.reused))
 
     def settle(self, ledger: Ledger) -> None:
         """A store of this tier that vLLM never submitted: applied, counted in
         ``read_through_stored``, and reported to no one. It pins no primary row
         of its own (it writes snapshots)."""
-        s = self.summary or self.summarise()
-        ledger.stored(s, self.receipt, 0)
+        store = self.store
+        s = store.summary or store.summarise()
+        ledger.stored(s, store.receipt, 0)
         ledger.counters.read_through_stored += s.written
 
 
@@ -303,7 +348,7 @@ def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
             if not keys:
                 intake.settled(job, 0)
                 continue
-            job.keep(keys)
+            job = job.only(keys)
         presence.update(keys, job.receipt)
         if not pool.submit(job, is_load=False):
             presence.discard_receipt(keys, job.receipt)
@@ -311,12 +356,24 @@ def fill_jobs(intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
     intake.ripe = len(offers)
 
 
-def check_one_caching_tier(configs: list[Any], label: str) -> None:
-    """Start-up: ``read_through`` is set on at most one of a manager's tier
-    ``configs`` (``secondary_tiers`` in order); else a ConfigError naming it."""
-    from kvstore_tiers.errors import ConfigError
+_ON = TypeAdapter(TierConfig.model_fields["read_through"].annotation)
 
-    caching = [c.get("type") for c in configs if isinstance(c, dict) and c.get("read_through")]
+
+def check_one_caching_tier(configs: list[Any], label: str) -> None:
+    """Start-up: ``read_through`` is on in at most one of a manager's tier
+    ``configs`` (``secondary_tiers`` in order), each value read as the tier's
+    own config reads it (``"false"`` is off); else a ConfigError naming the key."""
+    caching = []
+    for config in configs:
+        if not isinstance(config, dict) or "read_through" not in config:
+            continue
+        try:
+            on = _ON.validate_python(config["read_through"])
+        except ValidationError:
+            raise ConfigError(f"invalid config for secondary tier {config.get('type')!r}: key "
+                              "'read_through': not a boolean") from None
+        if on:
+            caching.append(config.get("type"))
     if len(caching) > 1:
         raise ConfigError(f"read_through: tier {label!r} sets it, and so do the tiers "
                           f"{caching!r} of the same secondary_tiers; one tier may cache the "
@@ -340,3 +397,38 @@ def subscribe(intake: Intake, tiers: list[Any], caching: Any) -> None:
         if after and hasattr(tier, "observe_loads"):
             tier.observe_loads(intake)
         after = after or tier is caching
+
+
+class ReadThrough(TierLayer):
+    """Read-through as a layer of the caching tier (:class:`~kvstore_tiers.layer.TierLayer`):
+    its :class:`Intake`, subscribed to the tiers after it at the first step,
+    and the fills it queues on the tier's pool at each poll."""
+
+    def __init__(self, intake: Intake, presence: PresenceIndex, pool: IOPool) -> None:
+        self.intake, self.presence, self.pool = intake, presence, pool
+
+    def compose(self, ctx: TransferContext) -> TransferContext:
+        self.intake.bind(ctx)  # the fills' context; a load of this tier is not observed
+        return ctx
+
+    def wire(self, tier: Any, tiers: Sequence[Any] | None) -> None:
+        subscribe(self.intake, list(tiers or ()), tier)
+
+    def step(self) -> None:
+        if self.intake.offers:  # blocks later tiers loaded
+            fill_jobs(self.intake, self.presence, self.pool)
+
+    @property
+    def pending_bytes(self) -> int:
+        return self.intake.pending_bytes
+
+    def drain(self) -> None:
+        self.intake.drain()
+
+    def close(self) -> None:
+        self.intake.close()  # later tiers' loads are no longer offered to it
+
+
+def intake_of(tier: Any) -> Intake | None:
+    """The intake of ``tier``'s read-through layer (None: it caches no tier)."""
+    return next((layer.intake for layer in tier.layers if isinstance(layer, ReadThrough)), None)

@@ -15,8 +15,11 @@ Threading contract (vLLM contract sections 4.0-4.16):
 * Scheduler-owned state (``_deadlined``, ``_ready``, the ledger's presence
   index, verdicts, counters, breaker) is touched only on that thread; I/O
   threads touch only their jobs and those jobs' rows, and hand finished jobs
-  back through the pool's ``finished`` deque (read-through offers, through
-  the tier's :class:`~kvstore_tiers.readthrough.Intake`).
+  back through the pool's ``finished`` deque.
+* What a config adds around the transfers (store admission, read-through)
+  is a :class:`~kvstore_tiers.layer.TierLayer` in :attr:`KVStoreTier.layers`,
+  built by :func:`kvstore_tiers.assembly.layers` and reached only through
+  that interface; the tier names none of them.
 * ``lookup``, ``submit_*`` and ``get_finished_jobs`` run for every block and
   step, so they allocate as little as they can (each container brings the
   next cyclic-GC pass closer: :class:`~kvstore_tiers.pool.PoolJob`).
@@ -48,11 +51,10 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from kvstore_tiers import assembly, compat, loadtrace, readthrough
-from kvstore_tiers.admission import AdmissionLayer
+from kvstore_tiers import assembly, compat, loadtrace
 from kvstore_tiers.backends.base import Backend
 from kvstore_tiers.codecs import resolve_compression
-from kvstore_tiers.config import TierConfig, validate_config, warn_inline_secrets
+from kvstore_tiers.config import TierConfig
 from kvstore_tiers.existence import ExistenceCheck
 from kvstore_tiers.health import BreakerState
 from kvstore_tiers.job import (
@@ -63,6 +65,7 @@ from kvstore_tiers.job import (
     TransferContext,
     observe_both,
 )
+from kvstore_tiers.layer import TierLayer
 from kvstore_tiers.ledger import Ledger
 from kvstore_tiers.log import SchedulerLogger, attach_to_vllm_logging
 from kvstore_tiers.metrics import metric_definitions
@@ -105,17 +108,13 @@ class KVStoreTier(SecondaryTierManager):
         attach_to_vllm_logging()
         sweep_once()  # regions of killed engines would leak /dev/shm
         remote = self.backend_cls.remote
-        config: TierConfig = validate_config(self.backend_cls.config_model, tier_type, tier_kwargs)
-        warn_inline_secrets(config, tier_type)
+        config = assembly.tier_config(self.backend_cls.config_model, offloading_spec, tier_type,
+                                      tier_kwargs)
         self.load_trace = loadtrace.start(tier_type)  # $KVSTORE_TIERS_LOAD_TRACE; None: off
         if backpressure_detector is None:
             backpressure_detector = assembly.default_detector(remote, tier_type, config)
         super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
-        self.config = config
-        self.intake = assembly.read_through(offloading_spec, config, tier_type,
-                                            self._block_size_bytes)
-        #: Read-through: subscribe to the tiers after this one at the first step.
-        self._unwired = config.read_through
+        self.config: TierConfig = config
         self.locality = Locality(config.locality or ("REMOTE" if remote else "LOCAL"))
         cipher = assembly.open_cipher(config)
         self.encrypted = cipher is not None
@@ -137,26 +136,27 @@ class KVStoreTier(SecondaryTierManager):
         self._failed, self._warn = ledger.verdicts, ledger.warn
         evictions = self.backend.evictions
         self._evicted_keys = evictions.keys if evictions is not None else ()
-        #: The store admission policy (None: ``admission: always``, no call at all),
-        #: composed around the store path as a layer (a store filter and a load
-        #: observer), off the scheduler thread.
-        policy = self.admission = assembly.admission_policy(config, self.backend,
-                                                            ledger.counters, self._block_size_bytes)
-        admission = None if policy is None else AdmissionLayer(
-            policy, ledger.counters, RateLimitedLogger(logger, interval_s=30.0), tier_type)
         #: Loads with a deadline, until reported (settled jobs leave at the next poll).
         self._deadlined: dict[int, Job] = {}
         self._ready: deque[JobResult] = deque()  # refused at submit, reported next poll
         self._max_store_bytes_in_flight = assembly.store_backlog_bound(
             config.max_store_bytes_in_flight, self.rows.count * self._block_size_bytes)
-        self._ctx = TransferContext(
-            self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
-            self.locality, ledger.events is not None, RateLimitedLogger(logger, interval_s=30.0),
-            store_filter=admission, observer=admission, trace=self.load_trace)
         self.pool = assembly.start_pool(config, tier_type, self.namespace, self.codec_id,
                                          tuning.header_align, cipher)
+        #: What the config adds around the transfers, composed in this order
+        #: (:mod:`kvstore_tiers.layer`); the tier reaches them only through it.
+        self.layers: tuple[TierLayer, ...] = tuple(assembly.layers(
+            config, tier_type, self.backend, ledger.counters, self.presence, self.pool,
+            self._store_batch, self._block_size_bytes))
+        self._unwired = bool(self.layers)  # wired at the first step (on_schedule_end)
+        ctx = TransferContext(
+            self.backend, self.rows, self.namespace.object_name, tier_type, self.medium,
+            self.locality, ledger.events is not None, RateLimitedLogger(logger, interval_s=30.0),
+            trace=self.load_trace)
+        for layer in self.layers:
+            ctx = layer.compose(ctx)
+        self._ctx = ctx
         self._lookup = ExistenceCheck(self._ctx)
-        self.intake.bind(self._ctx, self._store_batch, ledger.counters)
         logger.info("kvstore tier '%s' ready: %s, namespace %s, codec %s, chunk %d bytes x %d "
                     "rows, %d+%d I/O threads, locality %s", tier_type, self.backend.describe(),
                     self.namespace.describe(), self.codec_id.name.lower(), self._block_size_bytes,
@@ -213,8 +213,8 @@ class KVStoreTier(SecondaryTierManager):
         try:
             if self._evicted_keys:
                 self._ledger.forget_evicted(self._evicted_keys, self.medium, self.locality)
-            if self.intake.offers:  # read-through: blocks later tiers loaded
-                readthrough.fill_jobs(self.intake, self.presence, self.pool)
+            for layer in self.layers:  # work of their own, ready to queue
+                layer.step()
             while self._ready:
                 results.append(self._ready.popleft())
             finished, retired, ledger = self.pool.finished, self.pool.retired, self._ledger
@@ -246,8 +246,12 @@ class KVStoreTier(SecondaryTierManager):
             self._ledger.events = []
         return events or ()
 
-    def has_pending_work(self) -> bool:  # read-through fills to write: no vLLM job waits
-        return self.intake.pending_bytes > 0 or bool(self.pool.finished)
+    def has_pending_work(self) -> bool:
+        """Work no vLLM job waits on: a layer's own, or finished jobs to settle."""
+        for layer in self.layers:
+            if layer.pending_bytes:
+                return True
+        return bool(self.pool.finished)
 
     def touch(self, keys: Collection[OffloadKey], req_context: ReqContext) -> None:
         """Refresh recency/expiry (``supports_touch``: redis ``ttl_s``, fs LRU) of blocks
@@ -273,8 +277,9 @@ class KVStoreTier(SecondaryTierManager):
             self._lookup.flush()
             if self._unwired:  # once: vLLM's manager and all its tiers exist by now
                 self._unwired = False
-                readthrough.subscribe(self.intake, compat.secondary_tiers(self._offloading_spec)
-                                      or [], self)
+                tiers = compat.secondary_tiers(self._offloading_spec)
+                for layer in self.layers:
+                    layer.wire(self, tiers)
         except Exception:
             self._log.exception("kvstore tier %s: on_schedule_end failed", self.tier_type)
 
@@ -283,9 +288,10 @@ class KVStoreTier(SecondaryTierManager):
         try:
             self.pool.cancel_queued()
             self.pool.wait_idle()
-            # vLLM frees the rows loaded: what this tier's loads and the loads
-            # of the tiers it caches put there is dropped.
-            self.intake.drain()
+            # vLLM frees the rows loaded: the layers and the observers of this
+            # tier's loads drop what they noted of them.
+            for layer in self.layers:
+                layer.drain()
             if self._ctx.observer is not None:
                 self._ctx.observer.drain()
         except Exception:
@@ -303,10 +309,9 @@ class KVStoreTier(SecondaryTierManager):
         if self._closed:
             return
         self._closed = True
-        self.intake.close()  # later tiers' loads are no longer offered to it
-        steps = [self._lookup.shutdown, self.pool.shutdown, self.backend.close]
-        if self.admission is not None:
-            steps.insert(0, self.admission.close)  # its probe thread reads the backend
+        # The layers first: they may read the backend, or take other tiers' loads.
+        steps = [*(layer.close for layer in self.layers), self._lookup.shutdown,
+                 self.pool.shutdown, self.backend.close]
         if self.load_trace is not None:
             steps.append(self.load_trace.close)  # writes the trace
         for step in steps:
@@ -322,9 +327,9 @@ class KVStoreTier(SecondaryTierManager):
 
     def observe_loads(self, observer: LoadObserver) -> None:
         """From now on, the blocks this tier's loads verify are reported to
-        ``observer`` (wired by the caching tier of read-through,
-        :func:`kvstore_tiers.readthrough.subscribe`). Scheduler thread; jobs
-        already queued keep the context they were built with."""
+        ``observer`` as well (wired by a layer of another tier:
+        :meth:`TierLayer.wire <kvstore_tiers.layer.TierLayer.wire>`). Scheduler
+        thread; jobs already queued keep the context they were built with."""
         self._ctx = dataclasses.replace(self._ctx,
                                         observer=observe_both(self._ctx.observer, observer))
 
@@ -379,9 +384,8 @@ class KVStoreTier(SecondaryTierManager):
         if not is_load and self.presence.holds_any(keys):
             keys, cids = self.presence.absent(keys, cids)
             self.metrics.counters.objects_skipped += len(tj.keys) - len(keys)
-        # Store admission is not decided here: the I/O thread that starts the
-        # job asks its store filter (Job.start), and a load's blocks are counted
-        # as sightings by its load observer, on the I/O thread that ran them.
+        # What a layer composed into the context (a store filter, a load
+        # observer) is asked by the job on the I/O thread that runs it.
         if not keys:
             self._answered_without_backend(tj.job_id)
             return
@@ -408,7 +412,7 @@ class KVStoreTier(SecondaryTierManager):
         if not is_load:
             # In the index at once (later stores of these keys skip), stored
             # for lookups once the job's completion settles its receipt; those
-            # the policy did not admit leave it then.
+            # its store filter did not keep leave it then.
             self.presence.update(keys, job.receipt)
         if job.deadline is not None:
             self._deadlined[tj.job_id] = job

@@ -15,6 +15,7 @@ import numpy as np
 from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.admin.harness import make_keys
+from kvstore_tiers.admission import policy_of
 
 from ..conftest import rows_like
 from .flaky import flaky_tier
@@ -91,7 +92,7 @@ def test_loads_count_as_sightings(harness_factory, tmp_path) -> None:
     for _ in range(2):
         h.store_all(keys, rows)
         h.forget_primary()
-    sketch = tier.admission.sketch
+    sketch = policy_of(tier).sketch
     before = [sketch.estimate(k) for k in keys]
     ctx = h.new_request()
     assert h.lookup_until_resolved(keys, ctx)[0] == [HIT] * 3
@@ -105,7 +106,7 @@ def test_always_makes_no_admission_call(harness_factory, tmp_path) -> None:
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path)}], num_chunks=16,
                         chunk_bytes=ROW)
     tier = h.tiers[0]
-    assert tier.admission is None
+    assert policy_of(tier) is None
     h.store_all(make_keys(4, seed=5), rows_like(4, ROW))
     assert tier.counters.objects_stored == 4 and _objects(tmp_path) == 4
 
@@ -120,7 +121,7 @@ def test_adaptive_writes_everything_below_capacity_and_gates_when_full(
     h = harness_factory([{"type": "fs", "root_dir": str(tmp_path), "max_bytes": cap,
                           "admission": "adaptive"}], num_chunks=16, chunk_bytes=row)
     tier = h.tiers[0]
-    policy = tier.admission
+    policy = policy_of(tier)
     policy.close()  # the test reads the capacity itself, at the points it checks
     reported = _record(tier)
     c = tier.counters
@@ -156,7 +157,7 @@ def test_adaptive_takes_the_write_cost_the_tier_is_given(harness_factory, tmp_pa
     for i, extra in enumerate(({}, {"admission_write_cost": 0.3})):
         h = harness_factory([{"type": "fs", "root_dir": str(tmp_path / str(i)),
                               "admission": "adaptive", **extra}], num_chunks=4, chunk_bytes=4096)
-        costs.append(h.tiers[0].admission.write_cost)
+        costs.append(policy_of(h.tiers[0]).write_cost)
     assert costs == [WRITE_COST, 0.3]
 
 
@@ -171,7 +172,7 @@ def test_adaptive_holds_a_tier_that_evicted_lately_full(harness_factory, tmp_pat
                           "high_watermark": 0.95, "low_watermark": 0.5,
                           "admission": "adaptive"}], num_chunks=16, chunk_bytes=row)
     tier = h.tiers[0]
-    policy = tier.admission
+    policy = policy_of(tier)
     policy.close()  # the test reads the capacity itself
     for seed in range(9):  # 45 objects of room for 40: the evictor runs
         h.store_all(make_keys(5, seed=60 + seed), rows_like(5, row, seed=seed))
@@ -193,7 +194,7 @@ def test_admission_is_decided_on_an_io_thread_never_the_schedulers(
     tier = h.tiers[0]
     callers = _record_policy_threads(tier)
     seen, new = make_keys(2, seed=6), make_keys(3, seed=7)
-    tier.admission.seen(seen)  # sighted once before: the second offer admits them
+    policy_of(tier).seen(seen)  # sighted once before: the second offer admits them
     h.view[:5] = np.arange(5, dtype=np.uint8)[:, None]
     submit_stores(h, [(1, new[:1] + seen + new[1:], [0, 1, 2, 3, 4])])
     result = results(h, 1)[1]
@@ -231,7 +232,7 @@ def test_kv_events_name_only_the_admitted_blocks(harness_factory, tmp_path) -> N
                           "enable_kv_events": True}], num_chunks=16, chunk_bytes=ROW)
     tier = h.tiers[0]
     seen, new = make_keys(2, seed=9), make_keys(2, seed=10)
-    tier.admission.seen(seen)
+    policy_of(tier).seen(seen)
     h.store_all(seen + new, rows_like(4, ROW))
     events = list(tier.take_events())
     assert sorted(k for e in events for k in e.keys) == sorted(seen)
@@ -248,7 +249,7 @@ def test_a_policy_that_fails_admits_the_whole_job(harness_factory, tmp_path) -> 
     def broken_offer(*a: Any) -> Any:
         raise RuntimeError("policy bug")
 
-    tier.admission.sketch.offer = broken_offer
+    policy_of(tier).sketch.offer = broken_offer
     keys = make_keys(3, seed=11)
     h.store_all(keys, rows_like(3, ROW))
     c = tier.counters
@@ -258,7 +259,7 @@ def test_a_policy_that_fails_admits_the_whole_job(harness_factory, tmp_path) -> 
 
 def _record_policy_threads(tier: Any) -> list[str]:
     """The names of the threads that call the tier's admission policy, from now on."""
-    sketch = tier.admission.sketch
+    sketch = policy_of(tier).sketch
     offer, callers = sketch.offer, []
 
     def recording_offer(keys: list[bytes], *a: Any) -> Any:
@@ -278,7 +279,7 @@ def test_a_job_cut_at_drain_asks_the_policy_nothing_and_is_cancelled_whole(
                                     admission="reuse")], num_chunks=16, chunk_bytes=ROW)
     tier = h.tiers[0]
     first, seen, new = make_keys(2, seed=12), make_keys(2, seed=13), make_keys(2, seed=14)
-    tier.admission.seen(first + first + seen)
+    policy_of(tier).seen(first + first + seen)
     callers = _record_policy_threads(tier)
     flaky.store_gate.clear()
     submit_stores(h, [(1, first, [0, 1])])
@@ -304,7 +305,7 @@ def test_a_failed_write_among_admitted_blocks_counts_only_itself(
                         chunk_bytes=ROW)
     tier = h.tiers[0]
     seen, new = make_keys(2, seed=15), make_keys(3, seed=16)
-    tier.admission.seen(seen)
+    policy_of(tier).seen(seen)
     flaky.dead.add(seen[1])  # its write fails (a dead node's key)
     submit_stores(h, [(1, seen + new, [0, 1, 2, 3, 4])])
     result = results(h, 1)[1]
@@ -324,7 +325,7 @@ def test_a_job_reported_failed_whole_still_counts_what_it_skipped(
                         num_chunks=16, chunk_bytes=ROW)
     tier = h.tiers[0]
     seen, new = make_keys(1, seed=17), make_keys(3, seed=18)
-    tier.admission.seen(seen)
+    policy_of(tier).seen(seen)
 
     def broken(*a: Any) -> None:
         raise RuntimeError("apply failed")
@@ -346,7 +347,7 @@ def test_a_skipped_block_evicted_while_its_job_runs_gets_no_event(
                                     enable_kv_events=True)], num_chunks=16, chunk_bytes=ROW)
     tier = h.tiers[0]
     seen, new = make_keys(1, seed=19), make_keys(1, seed=20)
-    tier.admission.seen(seen)
+    policy_of(tier).seen(seen)
     flaky.store_gate.clear()
     submit_stores(h, [(1, seen + new, [0, 1])])
     assert flaky.store_stalled.wait(10)
@@ -371,7 +372,7 @@ def test_a_half_open_probe_that_wrote_nothing_lets_the_next_job_probe(
     breaker = tier.breaker
     breaker.state, breaker._opened_at = BreakerState.OPEN, -1e9  # opened, cooled down
     seen, new = make_keys(2, seed=21), make_keys(2, seed=22)
-    tier.admission.seen(seen)
+    policy_of(tier).seen(seen)
     submit_stores(h, [(1, new, [0, 1])])  # the probe: nothing admitted
     assert results(h, 1)[1].success and breaker.state is BreakerState.HALF_OPEN
     submit_stores(h, [(2, seen, [2, 3])])

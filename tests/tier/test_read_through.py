@@ -22,7 +22,7 @@ from vllm.v1.kv_offload.base import LookupResult
 from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.frame import checksum
-from kvstore_tiers.readthrough import Mark, mark
+from kvstore_tiers.readthrough import Intake, Mark, intake_of, mark
 
 from ..conftest import rows_like
 from ..faults.common import corrupt
@@ -70,9 +70,16 @@ def offer(h: Any, tier: Any, keys: list[bytes], rows: np.ndarray,
     cids = list(range(len(keys)))
     h.view[cids] = rows
     marks = marks or [mark(memoryview(r)) for r in rows]
-    part = tier.intake.take(list(keys), cids, marks)
+    part = intake(tier).take(list(keys), cids, marks)
     if part is not None:
-        tier.intake.offer([part])
+        intake(tier).offer([part])
+
+
+def intake(tier: Any) -> Intake:
+    """The intake of ``tier``'s read-through layer."""
+    found = intake_of(tier)
+    assert found is not None, "the tier has no read-through layer"
+    return found
 
 
 def objects(root: Path) -> int:
@@ -143,7 +150,7 @@ def test_a_block_is_written_once_and_a_corrupt_one_never(
     # The same blocks offered again (as by a second load from the remote) are not rewritten.
     offer(b, local, keys[:3], rows[:3])
     b.step()
-    step_until(b, lambda: not local.intake.offers)
+    step_until(b, lambda: not intake(local).offers)
     assert local.counters.objects_stored == 3 and local.counters.read_through_stored == 3
 
 
@@ -164,6 +171,43 @@ def test_one_tier_of_a_manager_may_read_through(harness_factory: Any, tmp_path: 
         harness_factory([fs(tmp_path / "1", read_through=True),
                          fs(tmp_path / "2", read_through=True), fs(tmp_path / "3")],
                         num_chunks=16, chunk_bytes=4096)
+
+
+@pytest.mark.parametrize("off", [False, "false", 0, "off"])
+def test_a_tier_that_sets_read_through_off_is_not_a_second_caching_tier(
+    harness_factory: Any, tmp_path: Path, off: Any
+) -> None:
+    """``read_through`` is read as the tier's own config reads it: a value that
+    means off (``"false"`` included) leaves one caching tier."""
+    b = harness_factory([fs(tmp_path / "1", read_through=True),
+                         fs(tmp_path / "2", read_through=off)], num_chunks=16, chunk_bytes=4096)
+    assert [intake_of(t) is not None for t in b.tiers] == [True, False]
+
+
+def test_a_read_through_that_is_no_boolean_fails_naming_the_key(harness_factory: Any,
+                                                                tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="'read_through'"):
+        harness_factory([fs(tmp_path / "1", read_through=True),
+                         fs(tmp_path / "2", read_through="maybe")], num_chunks=16,
+                        chunk_bytes=4096)
+
+
+def test_blocks_offered_again_with_new_ones_write_only_the_new(
+    harness_factory: Any, tmp_path: Path
+) -> None:
+    """A fill whose keys the tier partly holds is a fill of the others only, and
+    answers for every block offered (nothing stays pending)."""
+    b = harness_factory([fs(tmp_path / "b", read_through=True), fs(tmp_path / "far")],
+                        num_chunks=16, chunk_bytes=ROW)
+    local = b.tiers[0]
+    keys, rows = make_keys(4, seed=19), rows_like(4, ROW, seed=19)
+    offer(b, local, keys[:2], rows[:2])
+    b.settle()
+    offer(b, local, keys, rows)
+    b.settle()
+    assert local.counters.read_through_stored == 4 and local.counters.read_through_dropped == 0
+    assert local.counters.objects_stored == 4 and objects(tmp_path / "b") == 4
+    assert intake(local).pending_bytes == 0 and not b.manager.has_pending_work()
 
 
 def test_the_tier_has_pending_work_until_its_fills_are_written(
@@ -245,16 +289,15 @@ def test_snapshot_buffers_are_reused(harness_factory: Any, tmp_path: Path) -> No
     b = harness_factory([fs(tmp_path / "b", read_through=True), fs(tmp_path / "far")],
                         num_chunks=16, chunk_bytes=ROW)
     local = b.tiers[0]
-    intake = local.intake
-    kept = intake.buffers(3)
+    kept = intake(local).buffers(3)
     for buf in kept:
         buf[:] = b"\xab" * len(buf)
-    intake.give_back(kept)
+    intake(local).give_back(kept)
     keys, rows = make_keys(3, seed=12), rows_like(3, ROW, seed=12)
     offer(b, local, keys, rows)
     b.settle()
     assert local.counters.read_through_stored == 3
-    again = intake.buffers(3)
+    again = intake(local).buffers(3)
     assert {id(buf) for buf in again} == {id(buf) for buf in kept}
     assert any(bytes(buf) in {r.tobytes() for r in rows} for buf in again), "used by the fill"
 

@@ -147,13 +147,17 @@ def _identifiers(module: str) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("layer", ["admi", "read_through", "readthrough", "intake", "fill"])
+LAYER_NAMES = ["admi", "read_through", "readthrough", "intake", "fill", "snapshot", "policy"]
+
+
+@pytest.mark.parametrize("layer", LAYER_NAMES)
 def test_the_transfer_core_knows_no_layer_composed_around_it(layer: str) -> None:
     """Admission and read-through are layers the tier composes around the store
     and load paths (a store filter, a load observer): the job, the pool, the
-    summary and the ledger name neither."""
-    for module in ("kvstore_tiers.job", "kvstore_tiers.pool", "kvstore_tiers.outcome",
-                   "kvstore_tiers.ledger"):
+    summary and the ledger name neither; the tier reaches them only through
+    its list of layers (kvstore_tiers.layer), and names neither either."""
+    for module in ("kvstore_tiers.tier", "kvstore_tiers.layer", "kvstore_tiers.job",
+                   "kvstore_tiers.pool", "kvstore_tiers.outcome", "kvstore_tiers.ledger"):
         named = sorted(n for n in _identifiers(module) if layer in n.lower())
         assert not named, f"{module} names {named}"
 
@@ -173,3 +177,21 @@ def test_backends_move_bytes_and_never_touch_a_frame() -> None:
     assert plugin
     for path in plugin:
         assert not _imports(f"kvstore_memory.{path.stem}", path, known) & core, path.name
+
+
+def test_the_tier_imports_no_layer() -> None:
+    """The tier's one composition point is ``assembly.layers``: it imports neither
+    the admission module nor the read-through module (nor does the core below it)."""
+    edges = graph()
+    layers = {"kvstore_tiers.admission", "kvstore_tiers.readthrough", "kvstore_tiers.sketch"}
+    for module in ("kvstore_tiers.tier", "kvstore_tiers.layer", "kvstore_tiers.job",
+                   "kvstore_tiers.pool", "kvstore_tiers.outcome", "kvstore_tiers.ledger"):
+        assert not edges[module] & layers, module
+
+
+def test_the_name_check_can_fail() -> None:
+    """Each name the check looks for is one the layers' own modules use."""
+    used = {n.lower() for m in ("kvstore_tiers.admission", "kvstore_tiers.readthrough")
+            for n in _identifiers(m)}
+    for layer in LAYER_NAMES:
+        assert any(layer in n for n in used), layer

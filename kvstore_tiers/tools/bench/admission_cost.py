@@ -34,6 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from kvstore_tiers.admission import policy_of
 from kvstore_tiers.config import TierConfig
 from kvstore_tiers.sketch import FrequencySketch
 from kvstore_tiers.tools.bench.fs_bench import scheduler_cost
@@ -52,7 +53,7 @@ def _sightings(width: int) -> Callable[[Any, list[bytes]], None]:
     scratch = FrequencySketch(width)
 
     def count(tier: Any, keys: list[bytes]) -> None:
-        policy = tier.admission
+        policy = policy_of(tier)
         (policy.seen if policy is not None else scratch.increment)(keys)
 
     return count

@@ -18,6 +18,7 @@ from vllm.v1.kv_offload.base import LookupResult
 
 from kvstore_tiers.admin import gc_store
 from kvstore_tiers.admin.harness import make_keys
+from kvstore_tiers.admission import policy_of
 from kvstore_tiers.errors import ConfigError
 from kvstore_tiers.frame import parse_header
 
@@ -336,7 +337,7 @@ def test_capacity_usage_is_used_memory_against_maxmemory(redis_server_factory,
     assert limit == 64 << 20 and 0 < used < limit
     h.store_all(make_keys(8, seed=30), random_rows(8, 8192))
     assert tier.backend.capacity_usage()[0] > used
-    signal = tier.admission.signal
+    signal = policy_of(tier).signal
     signal.refresh()
     assert signal.capacity == limit and not signal.full
     unbounded = redis_server_factory([])
@@ -358,7 +359,7 @@ def test_an_object_is_counted_at_its_memory_on_the_server(redis_server_factory,
     frame = c.stored_bytes_written // c.objects_stored
     size = tier.backend.object_bytes()
     assert size is not None and frame < size < 2 * frame
-    signal = tier.admission.signal
+    signal = policy_of(tier).signal
     signal.refresh()
     assert signal.object_size == size
     assert signal.blocks == int(signal.capacity * signal.fill) // size
