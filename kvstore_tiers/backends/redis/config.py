@@ -77,10 +77,10 @@ class RedisConfig(TierConfig):
     )
     get_depth: int | None = Field(
         None, ge=1, le=256, description="GETs of a load's pipeline one connection keeps "
-        "unanswered (fast_io). None: by distance, measured per pipeline: 2 while the "
-        "server's first reply byte comes within 1 ms (a near server then builds fewer "
-        "replies in fresh memory), all of them when it comes later (each GET held back "
-        "costs a round trip).",
+        "unanswered (fast_io). None: by distance, measured per pipeline: while the "
+        "server's first reply byte comes within 4 ms, 4 MiB of values (2 GETs at least: "
+        "a near server then builds fewer replies in fresh memory), all of them when it "
+        "comes later (each GET held back costs a round trip).",
     )
     eviction_events: Literal["auto", "on", "off"] = Field(
         "auto", description="Follow the server's evicted/expired keyevents, so this "

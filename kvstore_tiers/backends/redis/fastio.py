@@ -40,11 +40,18 @@ from kvstore_tiers.errors import ObjectMissing, TransientError, detached
 CRLF = b"\r\n"
 #: SET value bytes unanswered at once, over all connections (the store window).
 SET_WINDOW_BYTES = 8 << 20
-#: GETs one connection keeps unanswered at once on a near server (``get_depth`` None).
+#: GETs one connection keeps unanswered at once on a near server (``get_depth`` None),
+#: at least: small values get more, up to NEAR_WINDOW_BYTES of them.
 GET_DEPTH = 2
+#: Bytes of values one connection keeps unanswered on a near server: about what a
+#: link of 1 GB/s carries in FAR_S, so the pipeline covers the round trips of any
+#: server still counted near, and big values are not built in fresh memory ahead.
+NEAR_WINDOW_BYTES = 4 << 20
 #: A GET's first reply byte later than this (s) marks the server far: then a batch's
-#: GETs all go at once, since each one held back costs a round trip.
-FAR_S = 0.001
+#: GETs all go at once, since each one held back costs a round trip. Above a
+#: switch interval's share of waiting for the GIL on a busy engine, so a near
+#: server is not taken for a far one by the time its reader takes to run again.
+FAR_S = 0.004
 #: The server is far when the least of this many recent first-byte times is: a busy
 #: machine only ever adds to one, so the least is the path's own (as TCP's min RTT).
 FAR_SAMPLES = 8
@@ -285,14 +292,17 @@ class FastIO:
             cmds = [b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys]
         fixed = self.get_depth
 
+        # On a near server, at most NEAR_WINDOW_BYTES of values (GET_DEPTH GETs
+        # at least) unanswered on this connection: the server copies each reply
+        # into its output buffers as soon as it reads the GET, so a deeper pipeline
+        # only makes it fault in fresh memory for replies we are not reading yet.
+        # On a far one (the first reply byte came later than FAR_S), every GET goes
+        # at once: one held back waits a round trip. Each batch measures again.
+        value = max(1, sum(len(p) for p in parts[0])) if parts else 1
+        near = max(GET_DEPTH, NEAR_WINDOW_BYTES // value)
+
         def op(conn: Any) -> list[Placed | BaseException]:
-            # On a near server, at most GET_DEPTH GETs unanswered on this
-            # connection: the server copies each reply into its output buffers
-            # as soon as it reads the GET, so a deeper pipeline only makes it
-            # fault in fresh memory for replies we are not reading yet. On a far
-            # one (the first reply byte came later than FAR_S), every GET goes at
-            # once: one held back waits a round trip. Each batch measures again.
-            depth = max(1, fixed) if fixed else len(cmds) if self.far else GET_DEPTH
+            depth = max(1, fixed) if fixed else len(cmds) if self.far else near
             sent = min(depth, len(cmds))
             t0 = time.perf_counter()
             conn.send_packed_command([b"".join(cmds[:sent])], check_health=False)
@@ -304,7 +314,7 @@ class FastIO:
                 reader.fill()  # the first reply byte
                 self._first_byte_s.append(time.perf_counter() - t0)
                 self.far = min(tuple(self._first_byte_s)) > FAR_S
-                depth = len(cmds) if self.far else GET_DEPTH
+                depth = len(cmds) if self.far else near
             out: list[Placed | BaseException] = []
             for i, (key, into) in enumerate(zip(keys, parts, strict=True)):
                 if sent < len(cmds) and sent < i + depth:

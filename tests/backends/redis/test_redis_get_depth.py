@@ -86,3 +86,30 @@ def test_a_batch_deeper_than_the_get_depth_loads_exact_bytes_and_misses_in_place
     assert tier.counters.corrupt_objects == 1  # the truncated value, rejected on load
     assert tier.counters.load_failures == 0
     assert worst and max(worst.values()) <= depth
+
+
+@pytest.mark.parametrize(("row", "expected"), [(64 << 10, 8), (1 << 20, 3)])
+def test_a_near_server_gets_at_most_its_window_of_values_at_once(
+        redis_server: RedisServer, harness_factory: Any, monkeypatch: pytest.MonkeyPatch,
+        row: int, expected: int) -> None:
+    """Near (get_depth None): a pipeline of small values goes whole, one of 1 MiB values
+    keeps no more than NEAR_WINDOW_BYTES (4 MiB: 3 frames of a little over 1 MiB)
+    unanswered, never fewer than GET_DEPTH."""
+    from kvstore_tiers.backends.redis import fastio
+
+    monkeypatch.setattr(fastio, "FAR_S", 0.5)  # loopback on a busy machine answers late
+    h = harness_factory([{"type": "redis", "url": redis_server.url, "compression": "none",
+                          "pipeline_batch": 8, "n_read_threads": 1, "n_write_threads": 1,
+                          "presence_capacity": 0}], num_chunks=8, chunk_bytes=row)
+    keys, rows = make_keys(8, seed=23), random_rows(8, row, seed=23)
+    h.store_all(keys, rows)
+    fast = h.tiers[0].backend._fast
+    assert fast.get_depth is None
+    worst = _spy_on_outstanding_gets(fast)
+    h.forget_primary()
+    ctx = h.new_request()
+    results, _ = h.lookup_until_resolved(keys, ctx)
+    assert results == [HIT] * 8
+    assert np.array_equal(h.load(keys, ctx), rows)
+    h.finish_request(ctx)
+    assert not fast.far and max(worst.values()) == expected
