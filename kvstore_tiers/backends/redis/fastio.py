@@ -54,7 +54,9 @@ NEAR_WINDOW_BYTES = 4 << 20
 FAR_S = 0.004
 #: The server is far when the least of this many recent first-byte times is: a busy
 #: machine only ever adds to one, so the least is the path's own (as TCP's min RTT).
-FAR_SAMPLES = 8
+#: Until there are this many, what :func:`is_far`'s pings said at start-up holds: a
+#: few first batches queued behind each other on the server say nothing of the path.
+FAR_SAMPLES = 16
 
 
 class _ProtocolError(Exception):
@@ -313,7 +315,8 @@ class FastIO:
             if not fixed:
                 reader.fill()  # the first reply byte
                 self._first_byte_s.append(time.perf_counter() - t0)
-                self.far = min(tuple(self._first_byte_s)) > FAR_S
+                if len(self._first_byte_s) == FAR_SAMPLES:
+                    self.far = min(tuple(self._first_byte_s)) > FAR_S
                 depth = len(cmds) if self.far else near
             out: list[Placed | BaseException] = []
             for i, (key, into) in enumerate(zip(keys, parts, strict=True)):
