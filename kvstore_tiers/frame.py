@@ -336,9 +336,10 @@ class FrameCodec:
 
 
 class Unplanned(Exception):
-    """The object is longer than its read plan: no frame of this key and row
-    length as this tier writes them, but perhaps one a writer padded further.
-    The caller reads it whole (:meth:`FrameCodec.decode_into`), which decides."""
+    """The frame is longer than its read plan: its header (checked: this key,
+    this namespace, this row length, the object's size) is padded further than
+    this tier pads its own. The caller reads it whole
+    (:meth:`FrameCodec.decode_into`)."""
 
 
 class FrameRead:
@@ -369,16 +370,21 @@ class FrameRead:
         (:attr:`FrameHeader.row_checksum`).
 
         Raises :class:`ObjectCorrupt` for anything but this key's frame in
-        this namespace (``dest`` is then unusable), :class:`Unplanned` for an
-        object longer than the parts."""
+        this namespace (``dest`` is then unusable), :class:`Unplanned` for a
+        frame of this key longer than the parts (its header says so) because
+        its writer padded the header further than this tier does."""
         head, dest = self.parts[0], self.dest
-        if placed < size:
-            raise Unplanned(f"object of {size} bytes is longer than its read plan")
-        if placed != size:
-            raise ObjectCorrupt(f"read placed {placed} bytes of an object of {size}")
         codec = self._codec
+        if placed > size:
+            raise ObjectCorrupt(f"read placed {placed} bytes of an object of {size}")
+        # The header first, whatever the object's length: only this key's frame,
+        # whole, in this namespace, padded further than planned is read again.
         header = codec._checked_header(self.key, head[:placed], size, len(dest))
         hlen = header.header_len
+        if placed < size:
+            if hlen == len(head):  # as planned, yet longer than any frame of this row
+                raise ObjectCorrupt(f"object of {size} bytes is longer than its frame")
+            raise Unplanned(f"frame of {size} bytes is longer than its read plan")
         if hlen == len(head):
             if header.codec == CodecId.NONE:  # the row is in place: verify it
                 codec.verify(header, dest, crc)

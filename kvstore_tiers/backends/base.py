@@ -73,11 +73,11 @@ class Write:
     """One object to write: ``parts`` back to back as ``name``.
 
     ``crc``: ``(i, at)`` asks a backend that ``supports_crc32c`` to compute the
-    CRC-32C of ``parts[i]`` while writing it and to write it, as 8 bytes
+    CRC-32C of ``parts[i]`` while writing it and to write it, as 4 bytes
     little-endian, at offset ``at`` of the object (within ``parts[0]``, whose
-    own bytes there are ignored), before the object becomes visible; None: the
-    bytes are written as they are. The core asks only a backend with the
-    capability."""
+    own 4 bytes there are ignored; the bytes after them are written as they
+    are), before the object becomes visible; None: the bytes are written as
+    they are. The core asks only a backend with the capability."""
 
     name: str
     parts: Sequence[Buffer]

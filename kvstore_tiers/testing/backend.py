@@ -300,7 +300,8 @@ class BackendTests:
         assert backend.write_many([Write(name, (bytearray(64), row), (1, 16))]) == \
             [64 + len(row)]
         stored = bytes(backend.get(name))
-        assert int.from_bytes(stored[16:24], "little") == checksum(row)
+        assert int.from_bytes(stored[16:20], "little") == checksum(row)
+        assert stored[20:24] == bytes(4), "only the 4 bytes of the checksum are written"
         assert stored[64:] == bytes(row)
         head, (dest,) = memoryview(bytearray(64)), self.empty_rows(1)
         ((i, (placed, size, crc)),) = list(backend.read_many([Read(name, (head, dest), 1)]))

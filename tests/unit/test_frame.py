@@ -264,3 +264,25 @@ def test_a_listing_head_holds_what_created_ms_reads() -> None:
     frame, _raw = _frame()
     assert HEADER_FIXED <= LISTING_HEAD
     assert created_ms(frame[:LISTING_HEAD]) == parse_header(frame).created_ms
+
+
+def test_an_object_longer_than_its_plan_is_corrupt_unless_its_header_is_this_frames() -> None:
+    """Longer than the plan, yet read again whole only when its checked header (this
+    key, this namespace, this row, its own size) says a writer padded it further: a
+    foreign frame with a tail of garbage, or one of this tier's headers over more
+    bytes than its frame has, is corrupt at once."""
+    frame, raw = _frame(CodecId.NONE, align=8)
+    codec = FrameCodec(NS, CodecId.NONE, 8)
+    dest = memoryview(bytearray(len(raw)))
+    foreign = b"\x02" * 36
+    header, payload = FrameCodec(NS, CodecId.NONE, 4096).encode(foreign, memoryview(raw))
+    padded_foreign = bytes(header) + bytes(payload)
+    (plan,) = codec.plan_reads([KEY], [dest])
+    placed = scatter(padded_foreign, plan.parts)
+    assert placed < len(padded_foreign)
+    with pytest.raises(ObjectCorrupt, match="another key"):
+        plan.finish(placed, len(padded_foreign))
+    longer = frame + bytes(1 << 20)
+    plan, placed = _scattered(longer, codec, dest)
+    with pytest.raises(ObjectCorrupt, match="frame says"):
+        plan.finish(placed, len(longer))

@@ -227,9 +227,14 @@ class FileSystemBackend(Backend):
                     f"no space under max_bytes={self.config.max_bytes} / min_free_bytes="
                     f"{self.config.min_free_bytes} in {self.base}")] * (len(batch) - first)
                 break
-            part = batch[first:first + granted]
-            for item, res, size in zip(part, fileio.publish_files(part, self._crc_piece),
-                                       sizes[first:first + granted], strict=True):
+            part, part_sizes = batch[first:first + granted], sizes[first:first + granted]
+            try:
+                published = fileio.publish_files(part, self._crc_piece)
+            except BaseException:  # nothing of the part was written: give its room back
+                for size in part_sizes:
+                    cap.release(size, 0)
+                raise
+            for item, res, size in zip(part, published, part_sizes, strict=True):
                 result = self._result(res, item)  # never raises
                 cap.release(size, size if isinstance(result, int) and result > 0 else 0)
                 out.append(result)
@@ -292,6 +297,14 @@ class FileSystemBackend(Backend):
         # GIL-free call (a separate stat was one more GIL wait per block).
         # That call also checksums a buffer as it writes it where asked, as a
         # load's read does: no GIL re-take per row, and on tmpfs while in cache.
+        try:
+            return self._publish(self._publish_items(writes))
+        except Exception as exc:  # a bad buffer, say: every write of the batch fails alike
+            return [classify(exc)] * len(writes)
+
+    def _publish_items(self, writes: Sequence[Write]) -> list[fileio.PublishItem]:
+        """The :func:`fileio.publish_files` items of ``writes``: O_DIRECT where a
+        page of header then page-aligned buffers allow."""
         batch: list[fileio.PublishItem] = []
         headers = self._pages.header_pages(len(writes))
         for w, hdr in zip(writes, headers, strict=False):  # headers: at least as many
@@ -304,7 +317,7 @@ class FileSystemBackend(Backend):
                 batch.append((self._temp_name(path), path, (hdr, *parts[1:]), O_DIRECT, *crc))
             else:
                 batch.append((self._temp_name(path), path, parts, 0, *crc))
-        return self._publish(batch)
+        return batch
 
     def read_many(self, reads: Sequence[Read]) -> list[ReadDone]:
         """Read every file into its buffers with one GIL-free call
@@ -317,11 +330,13 @@ class FileSystemBackend(Backend):
              O_DIRECT if direct and all(aligned(p) for p in r.parts) else 0,
              -1 if r.crc_part is None else r.crc_part)
             for r in reads]
+        try:
+            read = fileio.read_files(batch, self.config.n_read_threads, self._crc_piece)
+        except Exception as exc:  # a bad buffer, say: every read of the batch fails alike
+            err = classify(exc)
+            return [(i, err) for i in range(len(reads))]
         out: list[ReadDone] = []
-        for i, (path, res) in enumerate(zip(
-                (b[0] for b in batch),
-                fileio.read_files(batch, self.config.n_read_threads, self._crc_piece),
-                strict=True)):
+        for i, (path, res) in enumerate(zip((b[0] for b in batch), read, strict=True)):
             if isinstance(res, OSError):
                 out.append((i, _classify_oserror(res, path)))
                 continue

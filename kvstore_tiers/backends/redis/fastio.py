@@ -212,11 +212,12 @@ class FastIO:
         # Per command: the pieces to write (small parts joined, big payloads as is).
         cmds: list[tuple[list[Any], int]] = []
         for key, parts in values:
-            total = sum(len(p) for p in parts)
+            views = [memoryview(p).cast("B") for p in parts]  # lengths in bytes, whatever format
+            total = sum(len(v) for v in views)
             pieces: list[Any] = []
             small = bytearray(b"*%d\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$%d\r\n"
                               % (nargs, len(key), key, total))
-            for part in parts:
+            for part in views:
                 if len(part) < 65536:
                     small += part
                 else:  # a big part (a row) goes as it is: no copy

@@ -180,9 +180,15 @@ class S3Backend(Backend):
         # of existence checks finds its connections open on a server that keeps them (a
         # new one costs a round trip more at distance). None is counted in `requests`; an
         # error only leaves its cost to the first lookup.
-        warm = functools.partial(
+        request = functools.partial(
             self._client.get_object if self._held.enabled else self._client.head_object,
             Bucket=self.bucket, Key=self.prefix + WARM_KEY)
+
+        async def warm() -> None:
+            resp = await request()
+            if "Body" in resp:  # the key exists after all: free its connection
+                resp["Body"].close()
+
         with contextlib.suppress(Exception):
             await warm()
         await asyncio.gather(*(warm() for _ in range(self.config.max_concurrency)),
@@ -298,9 +304,12 @@ class S3Backend(Backend):
             resp["Body"].close()
             self._sem.release()
             return True
-        task = asyncio.get_running_loop().create_task(self._read_held(resp, size))
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(self._read_held(resp, size))
         task.add_done_callback(_retrieve)
         self._held.hold(key, task, size)
+        # Its time up, it goes, though no later lookup or load comes to expire it.
+        loop.call_later(self._held.hold_s, self._held.sweep)
         return True
 
     async def _read_held(self, resp: Any, size: int) -> bytes:
@@ -317,7 +326,7 @@ class S3Backend(Backend):
 
     async def _delete(self, key: str) -> None:
         if (reading := self._held.take(key)) is not None:
-            reading.cancel()
+            _cancel(reading)  # after the read's first step, so its finally gives its slot back
         assert self._sem is not None
         async with self._sem:
             await self._client.delete_object(Bucket=self.bucket, Key=key)
@@ -486,25 +495,30 @@ class S3Backend(Backend):
         deadline_s = self.config.request_deadline_s
         try:
             fut = self._loop.submit(batch())
-        except TransientError as exc:
+        except Exception as exc:  # the loop is gone (closed): every read fails alike
+            err = classify(exc)
             for i in range(len(reads)):
-                yield i, exc
+                yield i, err
             return
         deadline = time.monotonic() + deadline_s
         pending = set(range(len(reads)))
-        while pending:
-            try:
-                i, body = landed.get(timeout=max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
+        try:
+            while pending:
+                try:
+                    i, body = landed.get(timeout=max(0.0, deadline - time.monotonic()))
+                except queue.Empty:
+                    late = classify(
+                        TransientError(f"s3 requests did not finish within {deadline_s}s"))
+                    for j in sorted(pending):
+                        yield j, late
+                    return
+                pending.discard(i)
+                if isinstance(body, BaseException):
+                    err = body if isinstance(body, TransientError) else \
+                        backend_error(self.config, body, f"GET {reads[i].name}")
+                    yield i, classify(err)
+                    continue
+                yield i, body  # whole: the core decodes from it, no copy into the parts first
+        finally:
+            if pending:  # late, or the caller stopped reading: the rest is not wanted
                 fut.cancel()
-                late = classify(TransientError(f"s3 requests did not finish within {deadline_s}s"))
-                for j in sorted(pending):
-                    yield j, late
-                return
-            pending.discard(i)
-            if isinstance(body, BaseException):
-                err = body if isinstance(body, TransientError) else \
-                    backend_error(self.config, body, f"GET {reads[i].name}")
-                yield i, classify(err)
-                continue
-            yield i, body  # whole: the core decodes from it, no copy into the parts first

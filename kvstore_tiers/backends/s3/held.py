@@ -67,6 +67,13 @@ class HeldBodies(Generic[T]):
         for body in bodies:  # outside the lock
             self._on_drop(body)
 
+    def sweep(self) -> None:
+        """Drop every body past its ``hold_s`` (the backend calls it once each has
+        had its time, so nothing outlives it when no later lookup comes)."""
+        with self._lock:
+            dropped = self._expire(time.monotonic())
+        self._drop(dropped)
+
     def room_for(self, n: int) -> int:
         """How many of ``n`` bodies as large as the largest seen would fit now (all
         ``n`` while none has been seen; 0 when disabled)."""

@@ -22,6 +22,8 @@ from .test_redis_get_depth import _spy_on_outstanding_gets
 
 HIT = LookupResult.HIT
 ROW = 64 << 10
+#: Rows of the depth test: big enough that a near server's window (4 MiB) holds 3.
+BIG = 1 << 20
 RTT_MS = 40
 
 
@@ -43,20 +45,19 @@ def test_a_far_server_gets_a_pipelines_gets_at_once(
     cfg = {"type": "redis", "url": redis_server.url, "compression": "none",
            "pipeline_batch": 8, "n_read_threads": 1, "n_write_threads": 1,
            "eviction_events": "off"}
-    keys, rows = make_keys(16, seed=5), random_rows(16, ROW, seed=5)
-    harness_factory([cfg], num_chunks=16, chunk_bytes=ROW).store_all(keys, rows)
+    keys, rows = make_keys(16, seed=5), random_rows(16, BIG, seed=5)
+    harness_factory([cfg], num_chunks=16, chunk_bytes=BIG).store_all(keys, rows)
     with delay_proxy(("127.0.0.1", redis_server.port), RTT_MS) as (host, port):
         url = f"redis://{host}:{port}/0" if far else redis_server.url
         h = harness_factory([{**cfg, "url": url, "socket_timeout_s": 10.0}],
-                            num_chunks=16, chunk_bytes=ROW)
+                            num_chunks=16, chunk_bytes=BIG)
         fast = h.tiers[0].backend._fast
         assert fast.get_depth is None and fast.far is far  # measured at start-up
         worst = _spy_on_outstanding_gets(fast)
         _load_all(h, keys, rows)
     assert fast.far is far
-    # near: 4 MiB of 64 KiB values is more than the pipeline of 8, so it goes whole too;
-    # the near window's own limit is test_redis_get_depth's
-    assert max(worst.values()) == 8
+    # near: 4 MiB of values in flight (3 frames of a little over 1 MiB); far: all 8
+    assert max(worst.values()) == (8 if far else 3)
 
 
 def test_a_fixed_get_depth_holds_at_distance(redis_server: RedisServer,

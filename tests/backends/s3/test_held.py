@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kvstore_tiers.backends.s3 import held as held_mod
@@ -50,3 +52,17 @@ def test_holding_a_key_again_replaces_it() -> None:
     assert h.reserve(10)
     h.hold("a", b"2" * 10, 10)
     assert dropped == [b"1" * 10] and h.nbytes == 10 and h.take("a") == b"2" * 10
+
+
+def test_sweep_drops_what_outlived_its_hold_with_no_later_call() -> None:
+    """What the backend's timer calls: no lookup or load needs to come for a body past
+    its time to go, and its bytes with it."""
+    dropped: list[bytes] = []
+    h: HeldBodies[bytes] = HeldBodies(100, hold_s=0.05, on_drop=dropped.append)
+    assert h.reserve(40)
+    h.hold("k", b"x" * 40, 40)
+    h.sweep()
+    assert h.nbytes == 40 and not dropped  # not yet
+    time.sleep(0.06)
+    h.sweep()
+    assert h.nbytes == 0 and len(h) == 0 and dropped == [b"x" * 40]
