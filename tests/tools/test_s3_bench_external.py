@@ -31,5 +31,5 @@ def test_users_bucket_is_measured_and_left_as_it_was(monkeypatch: pytest.MonkeyP
     cpu = result["cpu_s_per_gb"]  # this process's CPU per GB, tier and raw loop
     assert set(cpu) == {"tier_store", "tier_load", "tier_load_transfer", "aio_put", "aio_get"}
     assert all(v > 0 for v in cpu.values()), cpu
-    assert result["lookup"]["other_engine_heads_per_block"] == 1.0
+    assert result["lookup"]["other_engine_requests_per_block"] == 1.0
     assert left == ["prod/keep.kvf"]

@@ -219,8 +219,8 @@ def _s3_tables(s3: dict[str, Any]) -> list[Any]:
     for col in ("what", "value"):
         extra.add_column(col, justify="right")
     if lk:
-        extra.add_row("HEAD per looked-up block, another engine",
-                      f"{lk['other_engine_heads_per_block']:.2f}")
+        extra.add_row("existence requests (GET or HEAD) per looked-up block, another engine",
+                      f"{lk['other_engine_requests_per_block']:.2f}")
         extra.add_row("requests per looked-up block, the storing engine",
                       f"{lk['same_engine_requests_per_block']:.2f}")
     for f, b in s3.get("bytes_per_block", {}).items():
