@@ -103,8 +103,9 @@ from kvstore_tiers.cli._common import require_extra
               "(random weights, seconds per phase; the default with --tier s3 or redis) or a "
               "local HF model directory.")
 @click.option("--single-process/--multi-process", "single_process", default=None,
-              help="--engine: vLLM's engine core inside each phase process (default; "
-              "~20 s less start-up per engine) or in its own process as `vllm serve` runs it.")
+              help="--engine: vLLM's engine core inside each phase process (~20 s less "
+              "start-up per engine; the default for the fs bench) or in its own process as "
+              "`vllm serve` runs it (the default with --tier s3 or redis).")
 @click.option("--trace", "trace_path", type=click.Path(dir_okay=False, exists=True,
                                                      path_type=Path), default=None,
               help="Write economics: replay this request trace (Mooncake JSONL, prefix-block "

@@ -92,6 +92,14 @@ def test_rtt_zero_is_always_measured_first() -> None:
     assert ed.prompt_blocks(plan) == 17
 
 
+def test_engines_run_their_core_in_its_own_process_as_vllm_serve_does() -> None:
+    # In-process, vLLM's engine loop never pauses while the prompt waits for the
+    # tier, and the tier's I/O threads measure the GIL instead of the distance.
+    plan = ed.EngineDistancePlan()
+    assert plan.single_process is False
+    assert ed._spec(plan, "rtt0", "model", None).single_process is False
+
+
 def test_help_names_the_engine_distance_shape() -> None:
     out = invoke("--help").output
     assert "--engine --tier s3 --rtt-ms 20 --rtt-ms 50 --rounds 3" in out

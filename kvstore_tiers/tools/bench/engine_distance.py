@@ -71,7 +71,14 @@ class EngineDistancePlan:
     max_tokens: int = 4
     block_size: int = 128
     dtype: str = "float32"
-    single_process: bool = True
+    #: The engine core in its own process, as ``vllm serve`` runs it. Inside the
+    #: phase process (vLLM's in-process client) the engine loop steps without the
+    #: pause EngineCore's busy loop takes when no model ran, so while the prompt
+    #: waits for the tier that loop holds the GIL and every tier I/O thread waits
+    #: a switch interval for it at each blocking call's return: there a fresh
+    #: engine's first prompt measures the interpreter, not the distance
+    #: (docs/benchmarks.md#a-fresh-engine-at-distance).
+    single_process: bool = False
     #: The servers (its own moto_server / redis-server, or the user's) and tier keys.
     servers: distance.DistancePlan = field(default_factory=distance.DistancePlan)
     #: Phase logs (``<log_dir>/<tier>-r<N>-<cell>/<phase>/``) and ``runs.jsonl``.
