@@ -23,10 +23,11 @@ vLLM's timestamps (the wait before its first schedule: the tier's lookups and lo
 the forward pass after it), medians over rounds, and **extra RTTs**: ``(TTFT(r) -
 TTFT(0)) / r`` paired within each round, the median over rounds (also of the wait).
 The target is the round trips the protocol needs (:meth:`.distance._Side.rtts` of a
-fresh engine): one for the existence checks (s3: HEADs; redis: one EXISTS pipeline),
-one for the GETs, each wave in parallel (:data:`PROTOCOL_RTTS`); on an s3 server that
-closes every connection after its answer (moto's does) each wave also pays a TCP
-handshake, 4 in all. A run
+fresh engine), one per wave of parallel requests: redis, one EXISTS pipeline, then
+the GETs (:data:`PROTOCOL_RTTS`); s3, existence checks that GET, whose bodies the load
+takes (one wave; two, HEADs then GETs, with ``lookup_prefetch_bytes: 0``); on an s3
+server that closes every connection after its answer (moto's does) each wave also pays
+a TCP handshake. A run
 fails (and leaves its round's figures) when its engine failed, when its first prompt
 got less than all its full blocks from the tier, or when its output differs from the
 same round's recompute run.
@@ -313,8 +314,8 @@ def table(result: dict[str, Any]) -> list[Any]:
                   f"{s['rounds']} rounds complete; ms, median over rounds)",
                   caption="RTT 0: the same delaying proxy adding no delay. + RTTs: (x(RTT) - "
                   "x(0)) / RTT paired per round, median; target: at most the protocol's "
-                  f"{target} (existence checks, then GETs"
-                  + (", each on a new connection" if closes else "")
+                  f"{target} (its waves of existence checks and GETs"
+                  + (", each wave on new connections" if closes else "")
                   + "). recompute / TTFT > 1: the tier wins.")
         for col in ("RTT ms", "runs", "TTFT", "wait for the tier", "forward pass",
                     "+ RTTs (TTFT)", "+ RTTs (wait)", f"<= {target}", "recompute / TTFT"):
