@@ -140,7 +140,7 @@ class S3Backend(Backend):
         self._warn = RateLimitedLogger(logger, interval_s=30.0)
         #: Where GET bodies land: huge-page mappings where the kernel gives them
         #: (:mod:`.arena`), else the HTTP client's own buffers.
-        self._arena = BodyArena() if huge_pages_available() else None
+        self._arena = BodyArena() if config.huge_pages and huge_pages_available() else None
 
     # -- lifecycle ---------------------------------------------------------------
     def open(self) -> None:

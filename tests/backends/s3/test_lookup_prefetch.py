@@ -51,12 +51,15 @@ def test_a_fresh_engine_sends_one_get_per_block(tier_config: Any) -> None:
     assert backend._held.nbytes == 0 and len(backend._held) == 0  # all taken by the loads
 
 
-@pytest.mark.parametrize("arena", [True, False], ids=["arena", "client-bytes"])
+@pytest.mark.parametrize(("thp", "huge_pages", "arena"), [
+    (True, True, True), (False, True, False), (True, False, False)],
+    ids=["arena", "no-thp", "huge-pages-off"])
 def test_bodies_land_in_the_arena_or_the_client_s_bytes_alike(
-        tier_config: Any, monkeypatch: pytest.MonkeyPatch, arena: bool) -> None:
-    cfg = tier_config(compression="none")
+        tier_config: Any, monkeypatch: pytest.MonkeyPatch, thp: bool, huge_pages: bool,
+        arena: bool) -> None:
+    cfg = tier_config(compression="none", huge_pages=huge_pages)
     keys, rows = _stored(cfg, 6, seed=74)
-    monkeypatch.setattr(s3_backend, "huge_pages_available", lambda: arena)
+    monkeypatch.setattr(s3_backend, "huge_pages_available", lambda: thp)
     taken: list[int] = []
     real_take = s3_backend.BodyArena.take
 
