@@ -60,6 +60,7 @@ from kvstore_tiers.backends.base import (
     Write,
     Written,
 )
+from kvstore_tiers.backends.s3.arena import BodyArena, huge_pages_available
 from kvstore_tiers.backends.s3.client import (
     MISSING_CODES,
     EventLoop,
@@ -79,6 +80,8 @@ from kvstore_tiers.ratelimit import RateLimitedLogger
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+#: A GET body: a slice of the arena, or the HTTP client's bytes.
+Body = bytes | memoryview
 
 #: Keys per DeleteObjects request (the S3 limit).
 DELETE_BATCH = 1000
@@ -91,13 +94,13 @@ HOLD_S = 30.0
 WARM_KEY = ".kvstore-warm"
 
 
-def _cancel(task: asyncio.Task[bytes]) -> None:
+def _cancel(task: asyncio.Task[Body]) -> None:
     """Cancel ``task`` on its loop, from any thread (a held body nobody loaded)."""
     with contextlib.suppress(RuntimeError):  # the loop is closed: nothing left to cancel
         task.get_loop().call_soon_threadsafe(task.cancel)
 
 
-def _retrieve(task: asyncio.Task[bytes]) -> None:
+def _retrieve(task: asyncio.Task[Body]) -> None:
     """Mark a held read's failure retrieved: its load GETs again, nothing to log."""
     if not task.cancelled():
         task.exception()
@@ -132,9 +135,12 @@ class S3Backend(Backend):
         self.requests: Counter[str] = Counter()
         self._absent = NegativeCache(config.negative_cache_s)
         #: Existence checks' GETs still reading, or read, held for their loads.
-        self._held: HeldBodies[asyncio.Task[bytes]] = HeldBodies(
+        self._held: HeldBodies[asyncio.Task[Body]] = HeldBodies(
             config.lookup_prefetch_bytes, HOLD_S, _cancel)
         self._warn = RateLimitedLogger(logger, interval_s=30.0)
+        #: Where GET bodies land: huge-page mappings where the kernel gives them
+        #: (:mod:`.arena`), else the HTTP client's own buffers.
+        self._arena = BodyArena() if config.huge_pages and huge_pages_available() else None
 
     # -- lifecycle ---------------------------------------------------------------
     def open(self) -> None:
@@ -255,7 +261,7 @@ class S3Backend(Backend):
             )
             return True
 
-    async def _get(self, key: str) -> bytes:
+    async def _get(self, key: str) -> Body:
         reading = self._held.take(key)  # this block's existence check's GET
         if reading is not None:
             await asyncio.wait([reading])  # raises only if this coroutine is cancelled
@@ -265,13 +271,28 @@ class S3Backend(Backend):
         assert self._sem is not None
         async with self._sem:
             resp = await self._client.get_object(Bucket=self.bucket, Key=key)
-            async with resp["Body"] as stream:
-                data: bytes = await stream.read()
             expected = resp.get("ContentLength")
+            async with resp["Body"] as stream:
+                data = await self._read_body(stream, expected)
             if expected is not None and len(data) != expected:
                 # A short body is a transfer problem, not a bad object.
                 raise TransientError(f"short read: {len(data)} of {expected} bytes")
             return data
+
+    async def _read_body(self, stream: Any, size: int | None) -> Body:
+        """All of ``stream``: into the arena when there is one and ``size`` is known,
+        else as the HTTP client joins it. Stops at ``size`` bytes or the end."""
+        if self._arena is None or size is None:
+            data: bytes = await stream.read()
+            return data
+        buf = self._arena.take(size)
+        got = 0
+        while got < size:
+            n = await stream.readinto(buf[got:])
+            if not n:
+                break
+            got += n
+        return buf[:got]
 
     async def _head(self, key: str) -> bool:
         assert self._sem is not None
@@ -312,12 +333,12 @@ class S3Backend(Backend):
         loop.call_later(self._held.hold_s, self._held.sweep)
         return True
 
-    async def _read_held(self, resp: Any, size: int) -> bytes:
+    async def _read_held(self, resp: Any, size: int) -> Body:
         """The body of an existence check's GET (its semaphore slot released after)."""
         assert self._sem is not None
         try:
             async with resp["Body"] as stream:
-                data: bytes = await stream.read()
+                data = await self._read_body(stream, size)
             if len(data) != size:
                 raise TransientError(f"short read: {len(data)} of {size} bytes")
             return data
@@ -363,7 +384,8 @@ class S3Backend(Backend):
 
     def get(self, name: str) -> bytes:
         try:
-            return self._run(self._get(self.prefix + name))
+            body = self._run(self._get(self.prefix + name))
+            return body if isinstance(body, bytes) else bytes(body)
         except TransientError:
             raise
         except Exception as exc:
@@ -474,14 +496,15 @@ class S3Backend(Backend):
         """GET the whole batch concurrently; yield each body whole as it lands, so
         the core checks and decodes a frame on this (pool) thread while the
         batch's other GETs are still on the wire (a task's decode tail is one
-        frame, not a batch). The HTTP client hands over each body as one
-        buffer: decoding from it costs no copy into the planned buffers."""
+        frame, not a batch). Each body is one buffer (an arena slice, or the
+        HTTP client's bytes): decoding from it costs no copy into the planned
+        buffers."""
         if not reads:
             return
         # queue.Queue, not SimpleQueue: CPython 3.11's SimpleQueue.get(timeout=)
         # can wait past its deadline (see kvstore_tiers.pool), and this
         # timeout is the batch's request_deadline_s.
-        landed: queue.Queue[tuple[int, bytes | BaseException]] = queue.Queue()
+        landed: queue.Queue[tuple[int, Body | BaseException]] = queue.Queue()
 
         async def one(i: int, key: str) -> None:
             try:

@@ -132,6 +132,14 @@ class S3Config(TierConfig):
         "30 s): one request and one round trip per block found, not two. Past it they "
         "HEAD. 0: HEADs only.",
     )
+    huge_pages: bool = Field(
+        True,
+        description="GET bodies land in mappings advised to use transparent huge pages, "
+        "where the kernel offers them for advised memory (its transparent_hugepage setting "
+        "is always or madvise): a fresh engine's first large load faults once per 2 MiB, "
+        "not per 4 KiB. false: the HTTP client's own buffers (for a host whose THP "
+        "compaction stalls).",
+    )
     namespace_record_refresh_s: float = Field(
         21600.0, gt=0, le=43200,
         description="Seconds between rewrites of the namespace's config.json while the tier "

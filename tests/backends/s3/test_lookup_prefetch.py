@@ -51,6 +51,32 @@ def test_a_fresh_engine_sends_one_get_per_block(tier_config: Any) -> None:
     assert backend._held.nbytes == 0 and len(backend._held) == 0  # all taken by the loads
 
 
+@pytest.mark.parametrize(("thp", "huge_pages", "arena"), [
+    (True, True, True), (False, True, False), (True, False, False)],
+    ids=["arena", "no-thp", "huge-pages-off"])
+def test_bodies_land_in_the_arena_or_the_client_s_bytes_alike(
+        tier_config: Any, monkeypatch: pytest.MonkeyPatch, thp: bool, huge_pages: bool,
+        arena: bool) -> None:
+    cfg = tier_config(compression="none", huge_pages=huge_pages)
+    keys, rows = _stored(cfg, 6, seed=74)
+    monkeypatch.setattr(s3_backend, "huge_pages_available", lambda: thp)
+    taken: list[int] = []
+    real_take = s3_backend.BodyArena.take
+
+    def take(self: Any, nbytes: int) -> memoryview:
+        taken.append(nbytes)
+        return real_take(self, nbytes)
+
+    monkeypatch.setattr(s3_backend.BodyArena, "take", take)
+    results, got, sent, backend = _fresh_fetch(cfg, keys)
+    assert results == [HIT] * 6 and np.array_equal(got, rows)
+    assert sent == Counter({"GetObject": 6}), sent
+    assert (backend._arena is not None) is arena
+    assert len(taken) == (6 if arena else 0)  # each held body, carved once
+    if arena:  # a body is its frame: header and row
+        assert all(n > ROW for n in taken), taken
+
+
 def test_without_a_budget_lookups_head_and_loads_get(tier_config: Any) -> None:
     cfg = tier_config(compression="none", lookup_prefetch_bytes=0)
     keys, rows = _stored(cfg, 12, seed=72)

@@ -1,0 +1,91 @@
+"""The arena GET bodies land in: buffers of the size asked, apart from each other, in
+mappings that go when their last body goes; used only where the kernel gives huge pages."""
+
+from __future__ import annotations
+
+import gc
+import mmap
+import weakref
+from pathlib import Path
+
+import pytest
+
+from kvstore_tiers.backends.s3 import arena as arena_mod
+from kvstore_tiers.backends.s3.arena import HUGE_PAGE, BodyArena, huge_pages_available
+
+
+def _mapping_of(view: memoryview) -> mmap.mmap:
+    obj = view.obj
+    assert isinstance(obj, mmap.mmap), obj
+    return obj
+
+
+def test_bodies_are_writable_exactly_sized_and_apart() -> None:
+    arena = BodyArena(chunk_bytes=HUGE_PAGE * 2)
+    a, b = arena.take(1000), arena.take(3000)
+    assert (len(a), len(b)) == (1000, 3000) and not a.readonly
+    a[:] = b"a" * 1000
+    b[:] = b"b" * 3000
+    assert bytes(a) == b"a" * 1000 and bytes(b) == b"b" * 3000
+    assert _mapping_of(a) is _mapping_of(b)  # carved from one mapping
+
+
+def test_a_used_up_mapping_is_followed_by_a_new_one() -> None:
+    arena = BodyArena(chunk_bytes=HUGE_PAGE * 2)
+    first = arena.take(HUGE_PAGE)
+    second = arena.take(HUGE_PAGE)  # fills the first mapping exactly
+    third = arena.take(HUGE_PAGE)
+    assert _mapping_of(first) is _mapping_of(second)
+    assert _mapping_of(third) is not _mapping_of(first)
+    third[:] = b"\x01" * HUGE_PAGE  # writing one never touches another
+    assert first.tobytes().count(1) == 0 and second.tobytes().count(1) == 0
+
+
+def test_a_body_larger_than_half_a_mapping_gets_its_own() -> None:
+    arena = BodyArena(chunk_bytes=HUGE_PAGE * 2)
+    small = arena.take(100)
+    big = arena.take(HUGE_PAGE + 1)
+    assert len(big) == HUGE_PAGE + 1
+    assert _mapping_of(big) is not _mapping_of(small)
+    after = arena.take(100)  # the shared mapping goes on where it was
+    assert _mapping_of(after) is _mapping_of(small)
+
+
+def test_a_mapping_goes_when_its_last_body_goes() -> None:
+    arena = BodyArena(chunk_bytes=HUGE_PAGE * 2)
+    body, other = arena.take(HUGE_PAGE), arena.take(HUGE_PAGE)  # the first mapping, full
+    gone = weakref.ref(_mapping_of(body))
+    later = arena.take(100)  # the arena moves on to a new mapping
+    assert _mapping_of(later) is not gone()
+    del body
+    gc.collect()
+    assert gone() is not None  # the other body still holds it
+    del other
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_chunk_size_that_is_not_whole_huge_pages_is_refused() -> None:
+    with pytest.raises(ValueError, match="multiple"):
+        BodyArena(chunk_bytes=HUGE_PAGE + 4096)
+
+
+@pytest.mark.parametrize(("setting", "available"), [
+    ("always [madvise] never\n", True),
+    ("[always] madvise never\n", True),
+    ("always madvise [never]\n", False),
+])
+def test_huge_pages_are_used_only_where_the_kernel_gives_them(
+        tmp_path: Path, setting: str, available: bool) -> None:
+    path = tmp_path / "enabled"
+    path.write_text(setting)
+    assert huge_pages_available(path) is available
+    assert huge_pages_available(tmp_path / "absent") is False
+
+
+def test_without_madvise_support_there_are_no_huge_pages(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "enabled"
+    path.write_text("[always] madvise never\n")
+    monkeypatch.delattr(arena_mod.mmap, "MADV_HUGEPAGE")
+    assert huge_pages_available(path) is False
