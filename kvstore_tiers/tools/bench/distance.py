@@ -33,13 +33,17 @@ RTTs`` is what the RTT added to a fresh engine's load against RTT 0, in RTTs
 (for a small prefix: the tier's part of a fresh engine's first prompt at that
 distance). Each cell also notes the p99 of the scheduler thread's lookup calls
 during the loads and the time its store submission took (16 blocks, stored at
-that distance): neither may grow with the RTT.
+that distance): neither may grow with the RTT. Once its harness is built, the bench
+freezes its start-up heap out of the garbage collector, as vLLM's EngineCore does once
+started (a full collection of an unfrozen heap stops every thread for about half a
+second here).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import statistics
 import time
@@ -295,11 +299,17 @@ def _tier_load(side: _Side, url: str, keys: list[bytes], rows: np.ndarray
     p99 of its scheduler-thread lookup calls meanwhile (``lookup_p99_us``), and the
     seconds its scheduler thread spent submitting a store of 16 new blocks
     (``store_submit_ms``: the store goes out at distance, the call must not wait)."""
+    from vllm.utils.gc_utils import freeze_gc_heap
     from vllm.v1.kv_offload.base import LookupResult
 
     from kvstore_tiers.admin.harness import build_harness, make_keys
 
     h = build_harness([side.tier_config(url)], num_chunks=len(keys), chunk_bytes=rows.shape[1])
+    # As vLLM's EngineCore does once started: what start-up allocated (vLLM's and
+    # torch's modules, the harness) leaves the collector's generations. Unfrozen, a
+    # full collection of this process's heap holds the GIL for about half a second,
+    # and the tier's event loop with it, in the middle of whichever load it hits.
+    freeze_gc_heap()
     calls: list[float] = []
     try:
         def once() -> float:
@@ -337,6 +347,7 @@ def _tier_load(side: _Side, url: str, keys: list[bytes], rows: np.ndarray
         return out
     finally:
         h.shutdown()
+        gc.unfreeze()
 
 
 @contextlib.contextmanager
