@@ -9,11 +9,17 @@ Bodies carved from an anonymous mapping advised ``MADV_HUGEPAGE`` fault once per
 2 MiB instead.
 
 :class:`BodyArena` carves bodies one after another from a mapping of
-``chunk_bytes``; when one is used up, the next is mapped. Nothing is freed
-explicitly: each body is a memoryview that keeps its mapping alive, and a mapping
-is unmapped when the last body carved from it is gone, so a body can be handed to
-the core and dropped like ``bytes``. A body larger than half a chunk gets a
-mapping of its own.
+``chunk_bytes`` (two huge pages by default); when one is used up, the next is
+mapped. Nothing is freed explicitly: each body is a memoryview that keeps its
+mapping alive, and a mapping is unmapped when the last body carved from it is
+gone, so a body can be handed to the core and dropped like ``bytes``. A body
+larger than half a chunk gets a mapping of its own. Small chunks bound what one
+body kept long (a held body whose load never comes, for up to the hold time)
+keeps resident: its chunk, not a large arena.
+
+Mappings are not reused: every load maps afresh, so every load pays the kernel's
+zeroing (and, where free huge pages are short, its compaction) for its bodies, a
+fault per 2 MiB instead of one per 4 KiB.
 
 Only worth it where transparent huge pages are on for advised mappings
 (:func:`huge_pages_available`): without them a fresh mapping faults page by page
@@ -59,7 +65,7 @@ class BodyArena:
     """Writable buffers for bodies, from mappings of ``chunk_bytes`` (a multiple of
     :data:`HUGE_PAGE`). Thread-safe."""
 
-    def __init__(self, chunk_bytes: int = 32 << 20) -> None:
+    def __init__(self, chunk_bytes: int = 2 * HUGE_PAGE) -> None:
         if chunk_bytes < HUGE_PAGE or chunk_bytes % HUGE_PAGE:
             raise ValueError(f"chunk_bytes must be a multiple of {HUGE_PAGE}")
         self.chunk_bytes = chunk_bytes

@@ -261,7 +261,7 @@ class S3Backend(Backend):
             )
             return True
 
-    async def _get(self, key: str) -> Body:
+    async def _get(self, key: str, arena: bool = True) -> Body:
         reading = self._held.take(key)  # this block's existence check's GET
         if reading is not None:
             await asyncio.wait([reading])  # raises only if this coroutine is cancelled
@@ -273,7 +273,7 @@ class S3Backend(Backend):
             resp = await self._client.get_object(Bucket=self.bucket, Key=key)
             expected = resp.get("ContentLength")
             async with resp["Body"] as stream:
-                data = await self._read_body(stream, expected)
+                data = await self._read_body(stream, expected if arena else None)
             if expected is not None and len(data) != expected:
                 # A short body is a transfer problem, not a bad object.
                 raise TransientError(f"short read: {len(data)} of {expected} bytes")
@@ -281,7 +281,9 @@ class S3Backend(Backend):
 
     async def _read_body(self, stream: Any, size: int | None) -> Body:
         """All of ``stream``: into the arena when there is one and ``size`` is known,
-        else as the HTTP client joins it. Stops at ``size`` bytes or the end."""
+        else as the HTTP client joins it. A body that ends short of ``size`` comes
+        back short (the caller's short-read check); one that goes on past it raises
+        TransientError."""
         if self._arena is None or size is None:
             data: bytes = await stream.read()
             return data
@@ -290,9 +292,13 @@ class S3Backend(Backend):
         while got < size:
             n = await stream.readinto(buf[got:])
             if not n:
-                break
+                return buf[:got]
             got += n
-        return buf[:got]
+        # Read to the end: the client checks the length it was told on the read
+        # that finds it, and a body longer than announced is not this object.
+        if await stream.readinto(bytearray(1)):
+            raise TransientError(f"body longer than its Content-Length of {size} bytes")
+        return buf
 
     async def _head(self, key: str) -> bool:
         assert self._sem is not None
@@ -384,7 +390,9 @@ class S3Backend(Backend):
 
     def get(self, name: str) -> bytes:
         try:
-            body = self._run(self._get(self.prefix + name))
+            # A body fetched whole for a caller that keeps it: the client's bytes,
+            # not an arena mapping (a held one, read already, is copied out).
+            body = self._run(self._get(self.prefix + name, arena=False))
             return body if isinstance(body, bytes) else bytes(body)
         except TransientError:
             raise

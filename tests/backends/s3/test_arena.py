@@ -1,17 +1,24 @@
 """The arena GET bodies land in: buffers of the size asked, apart from each other, in
-mappings that go when their last body goes; used only where the kernel gives huge pages."""
+mappings that go when their last body goes; used only where the kernel gives huge pages;
+and a body read into it: whole, short (for the caller's check) or refused when longer
+than announced."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import mmap
 import weakref
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from kvstore_tiers.backends.s3 import arena as arena_mod
 from kvstore_tiers.backends.s3.arena import HUGE_PAGE, BodyArena, huge_pages_available
+from kvstore_tiers.backends.s3.backend import S3Backend
+from kvstore_tiers.errors import TransientError
 
 
 def _mapping_of(view: memoryview) -> mmap.mmap:
@@ -89,3 +96,44 @@ def test_without_madvise_support_there_are_no_huge_pages(
     path.write_text("[always] madvise never\n")
     monkeypatch.delattr(arena_mod.mmap, "MADV_HUGEPAGE")
     assert huge_pages_available(path) is False
+
+
+class _Stream:
+    """A response body that hands over ``data`` ``step`` bytes per read."""
+
+    def __init__(self, data: bytes, step: int = 3) -> None:
+        self.data, self.step, self.pos = data, step, 0
+
+    async def readinto(self, b: Any) -> int:
+        n = min(len(b), self.step, len(self.data) - self.pos)
+        b[:n] = self.data[self.pos:self.pos + n]
+        self.pos += n
+        return n
+
+    async def read(self) -> bytes:
+        rest, self.pos = self.data[self.pos:], len(self.data)
+        return rest
+
+
+def _read(data: bytes, size: int | None, arena: BodyArena | None = None) -> Any:
+    owner = SimpleNamespace(_arena=BodyArena() if arena is None else arena)
+    return asyncio.run(S3Backend._read_body(owner, _Stream(data), size))  # type: ignore[arg-type]
+
+
+def test_a_body_lands_in_the_arena_whole() -> None:
+    body = _read(b"0123456789", 10)
+    assert isinstance(body, memoryview) and bytes(body) == b"0123456789"
+
+
+def test_a_body_that_ends_early_comes_back_short() -> None:
+    body = _read(b"01234", 10)  # the caller's short-read check sees 5 of 10
+    assert bytes(body) == b"01234"
+
+
+def test_a_body_longer_than_announced_is_refused() -> None:
+    with pytest.raises(TransientError, match="longer than its Content-Length"):
+        _read(b"0123456789AB", 10)
+
+
+def test_without_a_size_the_client_s_bytes_come_back() -> None:
+    assert _read(b"0123456789", None) == b"0123456789"
