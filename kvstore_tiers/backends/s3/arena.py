@@ -10,16 +10,20 @@ Bodies carved from an anonymous mapping advised ``MADV_HUGEPAGE`` fault once per
 
 :class:`BodyArena` carves bodies one after another from a mapping of
 ``chunk_bytes`` (two huge pages by default); when one is used up, the next is
-mapped. Nothing is freed explicitly: each body is a memoryview that keeps its
-mapping alive, and a mapping is unmapped when the last body carved from it is
-gone, so a body can be handed to the core and dropped like ``bytes``. A body
-larger than half a chunk gets a mapping of its own. Small chunks bound what one
-body kept long (a held body whose load never comes, for up to the hold time)
-keeps resident: its chunk, not a large arena.
+taken. Nothing is freed explicitly: each body is a memoryview that keeps its
+mapping alive, so a body can be handed to the core and dropped like ``bytes``.
+When the last body carved from a mapping is gone, the mapping goes back to the
+arena, which keeps up to ``keep_bytes`` of them (64 MiB by default: a load's
+bodies in flight at the default ``max_concurrency`` of 1 MiB blocks) for the
+next loads, their pages already faulted in; past that it is unmapped. A body
+larger than half a chunk gets a mapping of its own, never kept. Small chunks
+bound what one body kept long (a held body whose load never comes, for up to
+the hold time) keeps resident: its chunk, not a large arena.
 
-Mappings are not reused: every load maps afresh, so every load pays the kernel's
-zeroing (and, where free huge pages are short, its compaction) for its bodies, a
-fault per 2 MiB instead of one per 4 KiB.
+So the kernel's zeroing of fresh pages (and, where free huge pages are short,
+its compaction to find them) is paid for the mappings a process first needs,
+not on every load; the price is up to ``keep_bytes`` resident while no load
+runs.
 
 Only worth it where transparent huge pages are on for advised mappings
 (:func:`huge_pages_available`): without them a fresh mapping faults page by page
@@ -31,12 +35,18 @@ from __future__ import annotations
 import contextlib
 import mmap
 import threading
+import weakref
+from collections import deque
 from pathlib import Path
+
+import numpy as np
 
 #: The size of a huge page on x86-64 and arm64 with 4 KiB base pages.
 HUGE_PAGE = 2 << 20
 #: Where Linux says whether transparent huge pages back advised mappings.
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+#: Emptied mappings an arena keeps for later bodies, in bytes (see the module docstring).
+KEEP_BYTES = 64 << 20
 
 
 def huge_pages_available(path: Path = THP_ENABLED) -> bool:
@@ -52,36 +62,75 @@ def huge_pages_available(path: Path = THP_ENABLED) -> bool:
     return "[always]" in setting or "[madvise]" in setting
 
 
-def _mapping(nbytes: int) -> memoryview:
+def _mapping(nbytes: int) -> mmap.mmap:
     """A fresh anonymous mapping of ``nbytes``, advised to use huge pages."""
     m = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     # Refused (a kernel without THP): plain pages, still correct.
     with contextlib.suppress(OSError):
         m.madvise(mmap.MADV_HUGEPAGE)
-    return memoryview(m)
+    return m
+
+
+def _give_back(free: deque[mmap.mmap], keep: int, m: mmap.mmap) -> None:
+    """The last body of ``m`` is gone: keep it for later bodies while fewer than
+    ``keep`` wait, else let it be unmapped.
+
+    Runs on whichever thread dropped that body, or inside the garbage collector
+    (a body in a reference cycle), possibly while that thread is in
+    :meth:`BodyArena.take`: so it takes no lock; a deque's append is atomic, and
+    two racing here keep at most one mapping more than ``keep``."""
+    if len(free) < keep:
+        free.append(m)
 
 
 class BodyArena:
     """Writable buffers for bodies, from mappings of ``chunk_bytes`` (a multiple of
-    :data:`HUGE_PAGE`). Thread-safe."""
+    :data:`HUGE_PAGE`), up to ``keep_bytes`` of them kept for reuse once emptied.
+    Thread-safe."""
 
-    def __init__(self, chunk_bytes: int = 2 * HUGE_PAGE) -> None:
+    def __init__(self, chunk_bytes: int = 2 * HUGE_PAGE, keep_bytes: int = KEEP_BYTES) -> None:
         if chunk_bytes < HUGE_PAGE or chunk_bytes % HUGE_PAGE:
             raise ValueError(f"chunk_bytes must be a multiple of {HUGE_PAGE}")
+        if keep_bytes < 0:
+            raise ValueError("keep_bytes must be 0 or more")
         self.chunk_bytes = chunk_bytes
+        self._keep = keep_bytes // chunk_bytes
+        #: Emptied mappings, the last one given back on the right (its pages likeliest
+        #: still in the caches).
+        self._free: deque[mmap.mmap] = deque()
         self._chunk: memoryview | None = None
         self._used = 0
         self._lock = threading.Lock()
 
+    @property
+    def kept(self) -> int:
+        """Emptied mappings waiting for reuse."""
+        return len(self._free)
+
+    def _next_chunk(self) -> memoryview:
+        """A kept mapping, else a fresh one, viewed through an object of its own whose
+        end (once the last body carved from it is gone) gives the mapping back."""
+        try:
+            m = self._free.pop()
+        except IndexError:
+            m = _mapping(self.chunk_bytes)
+        # The numpy array is the exporter every body's memoryview holds: it is freed
+        # exactly when the last body (or anything made from one) is, which a
+        # memoryview of the mapping itself cannot tell anyone.
+        holder = np.frombuffer(m, dtype=np.uint8)
+        weakref.finalize(holder, _give_back, self._free, self._keep, m).atexit = False
+        return memoryview(holder)
+
     def take(self, nbytes: int) -> memoryview:
-        """A writable buffer of exactly ``nbytes``, its contents undefined."""
+        """A writable buffer of exactly ``nbytes``, its contents undefined (a reused
+        mapping holds earlier bodies' bytes)."""
         if nbytes > self.chunk_bytes // 2:
-            return _mapping(-(-nbytes // HUGE_PAGE) * HUGE_PAGE)[:nbytes]
+            return memoryview(_mapping(-(-nbytes // HUGE_PAGE) * HUGE_PAGE))[:nbytes]
         # 64-byte aligned starts: each body on cache lines of its own.
         need = (nbytes + 63) & ~63
         with self._lock:
             if self._chunk is None or self._used + need > self.chunk_bytes:
-                self._chunk, self._used = _mapping(self.chunk_bytes), 0
+                self._chunk, self._used = self._next_chunk(), 0
             start = self._used
             self._used += need
             return self._chunk[start:start + nbytes]

@@ -1,7 +1,7 @@
 """The arena GET bodies land in: buffers of the size asked, apart from each other, in
-mappings that go when their last body goes; used only where the kernel gives huge pages;
-and a body read into it: whole, short (for the caller's check) or refused when longer
-than announced."""
+mappings that come back for reuse (up to a bound, else are unmapped) when their last body
+goes, and not before; used only where the kernel gives huge pages; and a body read into
+it: whole, short (for the caller's check) or refused when longer than announced."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 
 from kvstore_tiers.backends.s3 import arena as arena_mod
@@ -23,6 +24,8 @@ from kvstore_tiers.errors import TransientError
 
 def _mapping_of(view: memoryview) -> mmap.mmap:
     obj = view.obj
+    if isinstance(obj, np.ndarray):  # a shared mapping's view: its own exporter
+        obj = obj.base.obj
     assert isinstance(obj, mmap.mmap), obj
     return obj
 
@@ -58,8 +61,8 @@ def test_a_body_larger_than_half_a_mapping_gets_its_own() -> None:
     assert _mapping_of(after) is _mapping_of(small)
 
 
-def test_a_mapping_goes_when_its_last_body_goes() -> None:
-    arena = BodyArena(chunk_bytes=HUGE_PAGE * 2)
+def test_a_mapping_goes_when_its_last_body_goes_and_none_is_kept() -> None:
+    arena = BodyArena(chunk_bytes=HUGE_PAGE * 2, keep_bytes=0)
     body, other = arena.take(HUGE_PAGE), arena.take(HUGE_PAGE)  # the first mapping, full
     gone = weakref.ref(_mapping_of(body))
     later = arena.take(100)  # the arena moves on to a new mapping
@@ -69,12 +72,80 @@ def test_a_mapping_goes_when_its_last_body_goes() -> None:
     assert gone() is not None  # the other body still holds it
     del other
     gc.collect()
-    assert gone() is None
+    assert gone() is None and arena.kept == 0
+
+
+def test_an_emptied_mapping_comes_back_and_is_reused() -> None:
+    arena = BodyArena(chunk_bytes=HUGE_PAGE * 2)
+    bodies = [arena.take(HUGE_PAGE) for _ in range(2)]  # the first mapping, full
+    first = _mapping_of(bodies[0])
+    later = arena.take(100)  # the arena moves on to a second mapping
+    assert _mapping_of(later) is not first and arena.kept == 0
+    bodies.pop()
+    assert arena.kept == 0  # one body still holds it
+    bodies.pop()
+    assert arena.kept == 1  # the last one gone: back at once, no collection needed
+    arena.take(HUGE_PAGE)  # fills the second mapping up
+    arena.take(HUGE_PAGE - 128)
+    reused = arena.take(HUGE_PAGE)
+    assert _mapping_of(reused) is first and arena.kept == 0
+    reused[:] = b"\x02" * HUGE_PAGE  # a reused mapping is as writable as a fresh one
+    assert bytes(reused[:4]) == b"\x02" * 4
+
+
+def test_what_is_made_from_a_body_keeps_its_mapping_from_reuse() -> None:
+    arena = BodyArena(chunk_bytes=HUGE_PAGE * 2)
+    body, other = arena.take(HUGE_PAGE), arena.take(HUGE_PAGE)  # the first mapping, full
+    arena.take(100)  # the arena moves on
+    del other
+    row = np.frombuffer(body, dtype=np.uint16)  # as the core decodes a frame's payload
+    derived = memoryview(body)[10:20]
+    del body
+    gc.collect()
+    assert arena.kept == 0  # the row and the slice still read it: not handed out again
+    del row
+    gc.collect()
+    assert arena.kept == 0
+    del derived
+    assert arena.kept == 1
+
+
+def test_a_body_in_a_reference_cycle_comes_back_with_the_collector() -> None:
+    arena = BodyArena(chunk_bytes=HUGE_PAGE * 2)
+    cycle: dict[str, Any] = {"bodies": [arena.take(HUGE_PAGE), arena.take(HUGE_PAGE)]}
+    cycle["self"] = cycle  # as a traceback holding a body would
+    arena.take(100)
+    del cycle
+    assert arena.kept == 0
+    gc.collect()  # the collector frees it, on whatever thread: no lock taken there
+    assert arena.kept == 1
+
+
+def test_the_arena_keeps_no_more_than_its_bound() -> None:
+    arena = BodyArena(chunk_bytes=HUGE_PAGE * 2, keep_bytes=HUGE_PAGE * 4)  # two mappings
+    bodies = [arena.take(HUGE_PAGE) for _ in range(8)]  # four mappings, two bodies each
+    maps = [weakref.ref(_mapping_of(b)) for b in bodies[::2]]
+    arena.take(100)  # the arena moves on from the fourth
+    del bodies
+    gc.collect()
+    assert arena.kept == 2
+    assert sum(m() is not None for m in maps) == 2  # the other two were unmapped
+
+
+def test_a_body_larger_than_half_a_mapping_is_never_kept() -> None:
+    arena = BodyArena(chunk_bytes=HUGE_PAGE * 2)
+    big = arena.take(HUGE_PAGE * 3)
+    gone = weakref.ref(_mapping_of(big))
+    del big
+    gc.collect()
+    assert gone() is None and arena.kept == 0
 
 
 def test_a_chunk_size_that_is_not_whole_huge_pages_is_refused() -> None:
     with pytest.raises(ValueError, match="multiple"):
         BodyArena(chunk_bytes=HUGE_PAGE + 4096)
+    with pytest.raises(ValueError, match="keep_bytes"):
+        BodyArena(keep_bytes=-1)
 
 
 @pytest.mark.parametrize(("setting", "available"), [
