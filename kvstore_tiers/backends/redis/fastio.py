@@ -59,11 +59,12 @@ FAR_S = 0.004
 #: Until there are this many, what :func:`is_far`'s pings said at start-up holds: a
 #: few first batches queued behind each other on the server say nothing of the path.
 FAR_SAMPLES = 16
-#: A far server's window is this many times the bandwidth-delay product (the least
-#: first-byte time x the most bytes/s one connection received in its recent batches):
-#: room for the window to grow when it was what limited the rate measured (as TCP
-#: BBR's gains), without asking the server for many times what the path carries in a
-#: round trip (it builds every reply asked for in fresh memory at once).
+#: A far server's window is this many times a connection's share of the
+#: bandwidth-delay product (the least first-byte time x the most bytes/s one
+#: connection received in its recent batches / the batches in flight at once): room
+#: for the window to grow when it was what limited the rate measured (as TCP BBR's
+#: gains), without asking the server for many times what the path carries in a round
+#: trip (it builds every reply asked for in fresh memory at once).
 BDP_GAIN = 1.5
 #: Recent batches whose receive rate (bytes/s on one connection) the window takes the
 #: most of: the path's, not a batch slowed by a busy machine.
@@ -169,6 +170,9 @@ class FastIO:
         self._first_byte_s: deque[float] = deque(maxlen=FAR_SAMPLES)
         #: Bytes/s one connection received from its batch's first reply byte to its last.
         self._rate_Bps: deque[float] = deque(maxlen=RATE_SAMPLES)
+        #: Batches of GETs in flight now, over all connections (they share the path).
+        self._loading = 0
+        self._loading_lock = threading.Lock()
         self._window_cv = threading.Condition()
 
     # -- connection handling ----------------------------------------------------------
@@ -348,17 +352,25 @@ class FastIO:
                     self._rate_Bps.append(got / took)
             return out
 
-        return self._with_connection(op)
+        with self._loading_lock:
+            self._loading += 1
+        try:
+            return self._with_connection(op)
+        finally:
+            with self._loading_lock:
+                self._loading -= 1
 
     def window(self, n: int, value: int) -> int:
         """GETs of a batch of ``n`` values of ``value`` bytes one connection keeps
         unanswered (``get_depth`` None).
 
-        Near: NEAR_WINDOW_BYTES of values, GET_DEPTH at least. Far: BDP_GAIN x the
-        bandwidth-delay product (the least recent first-byte time x the most bytes/s
-        a recent batch received), never less than near; all ``n`` while no batch has
-        measured a rate yet (a GET held back would cost a round trip). Reads
-        snapshots of the samples other threads append to, so it never waits.
+        Near: NEAR_WINDOW_BYTES of values, GET_DEPTH at least. Far: BDP_GAIN x this
+        connection's share of the bandwidth-delay product (the least recent
+        first-byte time x the most bytes/s a recent batch received, over the batches
+        in flight now: a connection read alone runs at the path's rate, but the
+        batches of one load share it), never less than near; all ``n`` while no
+        batch has measured a rate yet (a GET held back would cost a round trip).
+        Reads snapshots of the samples other threads append to, so it never waits.
         """
         near = max(GET_DEPTH, NEAR_WINDOW_BYTES // value)
         if not self.far:
@@ -366,8 +378,8 @@ class FastIO:
         rates, rtts = tuple(self._rate_Bps), tuple(self._first_byte_s)
         if not rates or not rtts:
             return n
-        bdp = BDP_GAIN * min(rtts) * max(rates)
-        return max(near, math.ceil(bdp / value))
+        share = BDP_GAIN * min(rtts) * max(rates) / max(1, self._loading)
+        return max(near, math.ceil(share / value))
 
     @staticmethod
     def _read_value(r: _Reader, key: bytes, parts: Sequence[memoryview]
