@@ -1,9 +1,8 @@
 """The redis tier at network distance (a real redis-server behind the delaying proxy of
-kvstore_tiers.tools.netem): a far server gets a load's GETs all at once until a batch has
-measured the path's rate, then in a window of its bandwidth-delay product (a GET held
-back costs a round trip; one sent far ahead makes the server build its reply early), a
-near one at most ``NEAR_WINDOW_BYTES`` at a time; the load threads' connections are open
-when start-up returns, so a fresh engine's first load pays no connection set-up."""
+kvstore_tiers.tools.netem): a far server gets a load's GETs all at once (a GET held back
+costs a round trip), a near one at most ``GET_DEPTH`` at a time; the load threads'
+connections are open when start-up returns, so a fresh engine's first load pays no
+connection set-up."""
 
 from __future__ import annotations
 
@@ -59,58 +58,6 @@ def test_a_far_server_gets_a_pipelines_gets_at_once(
     assert fast.far is far
     # near: 4 MiB of values in flight (3 frames of a little over 1 MiB); far: all 8
     assert max(worst.values()) == (8 if far else 3)
-
-
-def test_a_far_server_s_window_is_its_bandwidth_delay_product(
-        redis_server: RedisServer, harness_factory: Any,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    cfg = {"type": "redis", "url": redis_server.url, "compression": "none",
-           "pipeline_batch": 8, "n_read_threads": 1, "n_write_threads": 1,
-           "eviction_events": "off"}
-    keys, rows = make_keys(8, seed=7), random_rows(8, BIG, seed=7)
-    harness_factory([cfg], num_chunks=8, chunk_bytes=BIG).store_all(keys, rows)
-    with delay_proxy(("127.0.0.1", redis_server.port), RTT_MS) as (host, port):
-        h = harness_factory([{**cfg, "url": f"redis://{host}:{port}/0",
-                              "socket_timeout_s": 10.0}], num_chunks=8, chunk_bytes=BIG)
-        fast = h.tiers[0].backend._fast
-        assert fast.far and not fast._rate_Bps
-        worst = _spy_on_outstanding_gets(fast)
-        _load_all(h, keys, rows)  # no rate measured yet: the whole batch at once
-        assert max(worst.values()) == 8 and len(fast._rate_Bps) == 1
-        # A path that carries little in a round trip: no more than a near server's window.
-        monkeypatch.setattr(fastio, "BDP_GAIN", 1e-6)
-        worst.clear()
-        _load_all(h, keys, rows)
-        assert max(worst.values()) == 3
-        # One that carries much: the whole batch again.
-        monkeypatch.setattr(fastio, "BDP_GAIN", 1e6)
-        worst.clear()
-        _load_all(h, keys, rows)
-        assert max(worst.values()) == 8
-
-
-def _fast(far: bool, rtts: tuple[float, ...] = (), rates: tuple[float, ...] = ()
-          ) -> fastio.FastIO:
-    fast = fastio.FastIO(pool=None, retries=0, backoff=lambda _: 0.0, far=far)
-    fast._first_byte_s.extend(rtts)
-    fast._rate_Bps.extend(rates)
-    return fast
-
-
-def test_the_window_by_distance() -> None:
-    mib = 1 << 20
-    # near: 4 MiB of values, 2 GETs at least, whatever was measured
-    assert _fast(False, (0.05,), (1e9,)).window(64, mib) == 4
-    assert _fast(False).window(64, 4 * mib) == fastio.GET_DEPTH
-    # far, no rate yet: everything at once
-    assert _fast(True).window(64, mib) == 64
-    assert _fast(True, rtts=(0.02,)).window(64, mib) == 64
-    # far: 1.5 x the least RTT x the best rate, in values, rounded up
-    assert _fast(True, (0.03, 0.02), (1e8, 2e8)).window(64, mib) == 6  # 6.0e6 B
-    assert _fast(True, (0.05,), (4e8,)).window(64, mib) == 29  # 30.0e6 B
-    # ... never less than a near server's
-    assert _fast(True, (0.005,), (1e8,)).window(64, mib) == 4  # 0.75e6 B
-    assert _fast(True, (0.005,), (1e8,)).window(64, 64 << 10) == 64  # 4 MiB of 64 KiB
 
 
 def test_a_fixed_get_depth_holds_at_distance(redis_server: RedisServer,
