@@ -25,7 +25,6 @@ cannot produce, disconnects, so no later command sees a half-read reply.
 
 from __future__ import annotations
 
-import math
 import socket
 import threading
 import time
@@ -49,26 +48,15 @@ GET_DEPTH = 2
 #: server still counted near, and big values are not built in fresh memory ahead.
 NEAR_WINDOW_BYTES = 4 << 20
 #: A GET's first reply byte later than this (s) marks the server far: then a batch's
-#: GETs go in a window sized by the path's bandwidth-delay product (all at once until
-#: a batch has measured the bandwidth). Above a switch interval's share of waiting for
-#: the GIL on a busy engine, so a near server is not taken for a far one by the time
-#: its reader takes to run again.
+#: GETs all go at once, since each one held back costs a round trip. Above a
+#: switch interval's share of waiting for the GIL on a busy engine, so a near
+#: server is not taken for a far one by the time its reader takes to run again.
 FAR_S = 0.004
 #: The server is far when the least of this many recent first-byte times is: a busy
 #: machine only ever adds to one, so the least is the path's own (as TCP's min RTT).
 #: Until there are this many, what :func:`is_far`'s pings said at start-up holds: a
 #: few first batches queued behind each other on the server say nothing of the path.
 FAR_SAMPLES = 16
-#: A far server's window is this many times a connection's share of the
-#: bandwidth-delay product (the least first-byte time x the most bytes/s one
-#: connection received in its recent batches / the batches in flight at once): room
-#: for the window to grow when it was what limited the rate measured (as TCP BBR's
-#: gains), without asking the server for many times what the path carries in a round
-#: trip (it builds every reply asked for in fresh memory at once).
-BDP_GAIN = 1.5
-#: Recent batches whose receive rate (bytes/s on one connection) the window takes the
-#: most of: the path's, not a batch slowed by a busy machine.
-RATE_SAMPLES = 16
 
 
 class _ProtocolError(Exception):
@@ -168,11 +156,6 @@ class FastIO:
         #: None); at first, what :func:`is_far` said at start-up.
         self.far = far
         self._first_byte_s: deque[float] = deque(maxlen=FAR_SAMPLES)
-        #: Bytes/s one connection received from its batch's first reply byte to its last.
-        self._rate_Bps: deque[float] = deque(maxlen=RATE_SAMPLES)
-        #: Batches of GETs in flight now, over all connections (they share the path).
-        self._loading = 0
-        self._loading_lock = threading.Lock()
         self._window_cv = threading.Condition()
 
     # -- connection handling ----------------------------------------------------------
@@ -316,12 +299,13 @@ class FastIO:
         # at least) unanswered on this connection: the server copies each reply
         # into its output buffers as soon as it reads the GET, so a deeper pipeline
         # only makes it fault in fresh memory for replies we are not reading yet.
-        # On a far one (the first reply byte came later than FAR_S), a window of
-        # the path's bandwidth-delay product (see window()). Each batch measures again.
+        # On a far one (the first reply byte came later than FAR_S), every GET goes
+        # at once: one held back waits a round trip. Each batch measures again.
         value = max(1, sum(len(p) for p in parts[0])) if parts else 1
+        near = max(GET_DEPTH, NEAR_WINDOW_BYTES // value)
 
         def op(conn: Any) -> list[Placed | BaseException]:
-            depth = max(1, fixed) if fixed else self.window(len(cmds), value)
+            depth = max(1, fixed) if fixed else len(cmds) if self.far else near
             sent = min(depth, len(cmds))
             t0 = time.perf_counter()
             conn.send_packed_command([b"".join(cmds[:sent])], check_health=False)
@@ -331,11 +315,10 @@ class FastIO:
             reader = _Reader(sock, self._readbuf())
             if not fixed:
                 reader.fill()  # the first reply byte
-                first = time.perf_counter()
-                self._first_byte_s.append(first - t0)
+                self._first_byte_s.append(time.perf_counter() - t0)
                 if len(self._first_byte_s) == FAR_SAMPLES:
                     self.far = min(tuple(self._first_byte_s)) > FAR_S
-                depth = self.window(len(cmds), value)
+                depth = len(cmds) if self.far else near
             out: list[Placed | BaseException] = []
             for i, (key, into) in enumerate(zip(keys, parts, strict=True)):
                 if sent < len(cmds) and sent < i + depth:
@@ -345,41 +328,9 @@ class FastIO:
                 out.append(self._read_value(reader, key, into))
             if reader.pos != reader.end:
                 raise _ProtocolError("unexpected bytes after the last reply")
-            if not fixed and len(cmds) > 1:
-                took = time.perf_counter() - first
-                got = sum(r[1] for r in out if isinstance(r, tuple))
-                if took > 0 and got:
-                    self._rate_Bps.append(got / took)
             return out
 
-        with self._loading_lock:
-            self._loading += 1
-        try:
-            return self._with_connection(op)
-        finally:
-            with self._loading_lock:
-                self._loading -= 1
-
-    def window(self, n: int, value: int) -> int:
-        """GETs of a batch of ``n`` values of ``value`` bytes one connection keeps
-        unanswered (``get_depth`` None).
-
-        Near: NEAR_WINDOW_BYTES of values, GET_DEPTH at least. Far: BDP_GAIN x this
-        connection's share of the bandwidth-delay product (the least recent
-        first-byte time x the most bytes/s a recent batch received, over the batches
-        in flight now: a connection read alone runs at the path's rate, but the
-        batches of one load share it), never less than near; all ``n`` while no
-        batch has measured a rate yet (a GET held back would cost a round trip).
-        Reads snapshots of the samples other threads append to, so it never waits.
-        """
-        near = max(GET_DEPTH, NEAR_WINDOW_BYTES // value)
-        if not self.far:
-            return near
-        rates, rtts = tuple(self._rate_Bps), tuple(self._first_byte_s)
-        if not rates or not rtts:
-            return n
-        share = BDP_GAIN * min(rtts) * max(rates) / max(1, self._loading)
-        return max(near, math.ceil(share / value))
+        return self._with_connection(op)
 
     @staticmethod
     def _read_value(r: _Reader, key: bytes, parts: Sequence[memoryview]
