@@ -13,9 +13,10 @@ Bodies carved from an anonymous mapping advised ``MADV_HUGEPAGE`` fault once per
 taken. Nothing is freed explicitly: each body is a memoryview that keeps its
 mapping alive, so a body can be handed to the core and dropped like ``bytes``.
 When the last body carved from a mapping is gone, the mapping goes back to the
-arena, which keeps up to ``keep_bytes`` of them (64 MiB by default: a load's
-bodies in flight at the default ``max_concurrency`` of 1 MiB blocks) for the
-next loads, their pages already faulted in; past that it is unmapped. A body
+arena, which keeps up to ``keep_bytes`` of them (64 MiB by default: 16
+mappings, 48 frames of 1 MiB blocks) for the next loads, their pages already
+faulted in; past that it is unmapped. Never ``release()`` a body: a tensor or
+array made from it may not hold the buffer, and its mapping would be reused. A body
 larger than half a chunk gets a mapping of its own, never kept. Small chunks
 bound what one body kept long (a held body whose load never comes, for up to
 the hold time) keeps resident: its chunk, not a large arena.
@@ -78,7 +79,7 @@ def _give_back(free: deque[mmap.mmap], keep: int, m: mmap.mmap) -> None:
     Runs on whichever thread dropped that body, or inside the garbage collector
     (a body in a reference cycle), possibly while that thread is in
     :meth:`BodyArena.take`: so it takes no lock; a deque's append is atomic, and
-    two racing here keep at most one mapping more than ``keep``."""
+    threads racing here keep at most one mapping more each than ``keep``."""
     if len(free) < keep:
         free.append(m)
 
