@@ -69,9 +69,9 @@ BDP_GAIN = 1.5
 #: Above what a slower path carries, so the first load asks for more than it needs,
 #: not less (each GET held back costs a round trip).
 PRIOR_RATE_BPS = 1.25e9
-#: A busy period (from the first load batch in flight to the last one done) measures
-#: the path's rate only when it moved at least this many bytes: a small load's time is
-#: its round trip, not its bytes over the rate.
+#: A busy period (load batches in flight, with gaps shorter than a round trip between
+#: them) measures the path's rate only when it moved at least this many bytes: a small
+#: load's time is its round trips, not its bytes over the rate.
 RATE_MIN_BYTES = 16 << 20
 #: Busy periods whose rates the window takes the most of: the path's, not a load's
 #: slowed by a busy machine or by a window too small (as BBR's bandwidth filter).
@@ -183,7 +183,7 @@ class FastIO:
         self._rate_Bps: deque[float] = deque(maxlen=RATE_SAMPLES)
         self._busy_lock = threading.Lock()
         self._busy = 0  # batches of GETs in flight now
-        self._busy_t0 = 0.0
+        self._busy_t0 = self._busy_end = 0.0
         self._busy_bytes = 0
         self._busy_failed = False
         self._window_cv = threading.Condition()
@@ -384,35 +384,43 @@ class FastIO:
         near = max(GET_DEPTH, NEAR_WINDOW_BYTES // value)
         if not self.far:
             return min(n, near)
-        rtts, rates = tuple(self._first_byte_s), tuple(self._rate_Bps)
-        rtt = min(rtts) if rtts else self.rtt_s
+        rates = tuple(self._rate_Bps)
         rate = max(rates) if rates else PRIOR_RATE_BPS
-        share = BDP_GAIN * rtt * rate / max(1, sharing)
+        share = BDP_GAIN * self._path_rtt() * rate / max(1, sharing)
         return min(n, max(near, math.ceil(share / value)))
 
     def _busy_began(self) -> None:
+        """A load batch starts. One that starts a round trip or more after the last
+        one ended starts a new busy period, and the one before records its rate; a
+        shorter gap (a load thread taking its next batch) continues it."""
         with self._busy_lock:
-            if self._busy == 0:
-                self._busy_t0 = time.perf_counter()
-                self._busy_bytes = 0
-                self._busy_failed = False
+            now = time.perf_counter()
+            if self._busy == 0 and now - self._busy_end >= self._path_rtt():
+                self._record_rate()
+                self._busy_t0, self._busy_bytes, self._busy_failed = now, 0, False
             self._busy += 1
 
     def _busy_ended(self, got: int) -> None:
-        """One load batch done, ``got`` value bytes read (-1: it failed). The last
-        of a busy period in which none failed records its rate: bytes over its time
-        less one round trip (in which the first GETs travelled and no byte came
-        back)."""
+        """A load batch is done, ``got`` value bytes read (-1: it failed, and its busy
+        period measures no rate)."""
         with self._busy_lock:
             self._busy -= 1
             self._busy_failed |= got < 0
             self._busy_bytes += max(0, got)
-            if self._busy or self._busy_failed or self._busy_bytes < RATE_MIN_BYTES:
-                return
-            rtts = tuple(self._first_byte_s)
-            took = time.perf_counter() - self._busy_t0 - (min(rtts) if rtts else self.rtt_s)
-            if took > 0:
-                self._rate_Bps.append(self._busy_bytes / took)
+            self._busy_end = time.perf_counter()
+
+    def _record_rate(self) -> None:
+        """The rate of the busy period that ended: its bytes over its time less one
+        round trip (in which its first GETs travelled and no byte came back), if no
+        batch of it failed and it moved RATE_MIN_BYTES at least. Under _busy_lock."""
+        took = self._busy_end - self._busy_t0 - self._path_rtt()
+        if not self._busy_failed and self._busy_bytes >= RATE_MIN_BYTES and took > 0:
+            self._rate_Bps.append(self._busy_bytes / took)
+
+    def _path_rtt(self) -> float:
+        """The least recent first-byte time; ``rtt_s`` before any batch timed one."""
+        rtts = tuple(self._first_byte_s)
+        return min(rtts) if rtts else self.rtt_s
 
     @staticmethod
     def _read_value(r: _Reader, key: bytes, parts: Sequence[memoryview]
