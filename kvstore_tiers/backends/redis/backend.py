@@ -73,7 +73,7 @@ from kvstore_tiers.backends.redis.client import (
 )
 from kvstore_tiers.backends.redis.config import RedisConfig
 from kvstore_tiers.backends.redis.evictions import EvictionListener, check_notifications
-from kvstore_tiers.backends.redis.fastio import FastIO, fast_io_supported, is_far
+from kvstore_tiers.backends.redis.fastio import FastIO, fast_io_supported, ping_rtt
 from kvstore_tiers.backends.redis.listing import iter_objects
 from kvstore_tiers.errors import ObjectMissing, TransientError, detached
 from kvstore_tiers.ratelimit import RateLimitedLogger
@@ -141,7 +141,8 @@ class RedisBackend(Backend):
             warm_pool(self.client.connection_pool, cfg.n_read_threads)
         if not cfg.is_cluster and cfg.fast_io and fast_io_supported(self.client):
             self._fast = FastIO(self.client.connection_pool, cfg.retries, backoff().compute,
-                                get_depth=cfg.get_depth, far=is_far(self.client))
+                                get_depth=cfg.get_depth, rtt_s=ping_rtt(self.client),
+                                readers=cfg.n_read_threads)
 
     def _follow_evictions(self, events: list[str]) -> None:
         cfg = self.config

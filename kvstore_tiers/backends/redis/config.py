@@ -79,8 +79,10 @@ class RedisConfig(TierConfig):
         None, ge=1, le=256, description="GETs of a load's pipeline one connection keeps "
         "unanswered (fast_io). None: by distance, measured per pipeline: while the "
         "server's first reply byte comes within 4 ms, 4 MiB of values (2 GETs at least: "
-        "a near server then builds fewer replies in fresh memory), all of them when it "
-        "comes later (each GET held back costs a round trip).",
+        "a near server then builds fewer replies in fresh memory); when it comes later, "
+        "the connection's share of 1.5x the bandwidth-delay product (the least first-byte "
+        "time x the most bytes/s a recent load moved over all connections, 10 Gbit/s "
+        "until one has), never less (each GET held back short of it costs a round trip).",
     )
     eviction_events: Literal["auto", "on", "off"] = Field(
         "auto", description="Follow the server's evicted/expired keyevents, so this "

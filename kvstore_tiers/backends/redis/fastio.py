@@ -25,6 +25,7 @@ cannot produce, disconnects, so no later command sees a half-read reply.
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
@@ -54,9 +55,27 @@ NEAR_WINDOW_BYTES = 4 << 20
 FAR_S = 0.004
 #: The server is far when the least of this many recent first-byte times is: a busy
 #: machine only ever adds to one, so the least is the path's own (as TCP's min RTT).
-#: Until there are this many, what :func:`is_far`'s pings said at start-up holds: a
+#: Until there are this many, what :func:`ping_rtt` measured at start-up holds: a
 #: few first batches queued behind each other on the server say nothing of the path.
 FAR_SAMPLES = 16
+#: A far server's window is this many times a connection's share of the
+#: bandwidth-delay product: room for the next load to run faster when the window was
+#: what held the rate it measured back (as TCP BBR's gain), without asking the server
+#: for many times what the path carries in a round trip (it builds every reply asked
+#: for in fresh memory at once).
+BDP_GAIN = 1.5
+#: The rate (bytes/s over all connections) a far server's path is taken to carry until
+#: a load has measured it: 10 Gbit Ethernet, a prior as TCP's initial window is one.
+#: Above what a slower path carries, so the first load asks for more than it needs,
+#: not less (each GET held back costs a round trip).
+PRIOR_RATE_BPS = 1.25e9
+#: A busy period (load batches in flight, with gaps shorter than a round trip between
+#: them) measures the path's rate only when it moved at least this many bytes: a small
+#: load's time is its round trips, not its bytes over the rate.
+RATE_MIN_BYTES = 16 << 20
+#: Busy periods whose rates the window takes the most of: the path's, not a load's
+#: slowed by a busy machine or by a window too small (as BBR's bandwidth filter).
+RATE_SAMPLES = 8
 
 
 class _ProtocolError(Exception):
@@ -142,7 +161,7 @@ class FastIO:
 
     def __init__(self, pool: Any, retries: int, backoff: Callable[[int], float],
                  set_window_bytes: int = SET_WINDOW_BYTES, get_depth: int | None = None,
-                 far: bool = False) -> None:
+                 rtt_s: float = 0.0, readers: int = 1) -> None:
         self.pool = pool
         self.retries = retries
         self.backoff = backoff
@@ -152,10 +171,21 @@ class FastIO:
         self._inflight = 0
         #: GETs unanswered at once per connection; None: by distance (see get_many).
         self.get_depth = get_depth
+        #: The path's round trip before any batch has timed one (start-up's PINGs).
+        self.rtt_s = rtt_s
         #: The least of the recent batches' first-byte times is over FAR_S (get_depth
-        #: None); at first, what :func:`is_far` said at start-up.
-        self.far = far
+        #: None); at first, whether ``rtt_s`` is.
+        self.far = rtt_s > FAR_S
         self._first_byte_s: deque[float] = deque(maxlen=FAR_SAMPLES)
+        #: Load threads: the batches of a load big enough to matter, sharing the path.
+        self.readers = max(1, readers)
+        #: Rates (bytes/s, all connections together) of recent busy periods of loads.
+        self._rate_Bps: deque[float] = deque(maxlen=RATE_SAMPLES)
+        self._busy_lock = threading.Lock()
+        self._busy = 0  # batches of GETs in flight now
+        self._busy_t0 = self._busy_end = 0.0
+        self._busy_bytes = 0
+        self._busy_failed = False
         self._window_cv = threading.Condition()
 
     # -- connection handling ----------------------------------------------------------
@@ -295,18 +325,16 @@ class FastIO:
             cmds = [b"*2\r\n$3\r\nGET\r\n$%d\r\n%s\r\n" % (len(k), k) for k in keys]
         fixed = self.get_depth
 
-        # On a near server, at most NEAR_WINDOW_BYTES of values (GET_DEPTH GETs
-        # at least) unanswered on this connection: the server copies each reply
-        # into its output buffers as soon as it reads the GET, so a deeper pipeline
-        # only makes it fault in fresh memory for replies we are not reading yet.
-        # On a far one (the first reply byte came later than FAR_S), every GET goes
-        # at once: one held back waits a round trip. Each batch measures again.
+        # The window (see window()): on a near server NEAR_WINDOW_BYTES of values,
+        # on a far one this connection's share of the bandwidth-delay product. The
+        # first GETs go before this batch has timed its first reply byte, while the
+        # load's other batches are starting beside it: a share of all load threads.
         value = max(1, sum(len(p) for p in parts[0])) if parts else 1
-        near = max(GET_DEPTH, NEAR_WINDOW_BYTES // value)
+        n = len(cmds)
 
         def op(conn: Any) -> list[Placed | BaseException]:
-            depth = max(1, fixed) if fixed else len(cmds) if self.far else near
-            sent = min(depth, len(cmds))
+            depth = max(1, fixed) if fixed else self.window(n, value, self.readers)
+            sent = min(depth, n)
             t0 = time.perf_counter()
             conn.send_packed_command([b"".join(cmds[:sent])], check_health=False)
             sock = raw_socket(conn)
@@ -318,7 +346,7 @@ class FastIO:
                 self._first_byte_s.append(time.perf_counter() - t0)
                 if len(self._first_byte_s) == FAR_SAMPLES:
                     self.far = min(tuple(self._first_byte_s)) > FAR_S
-                depth = len(cmds) if self.far else near
+                depth = self.window(n, value, self._busy)
             out: list[Placed | BaseException] = []
             for i, (key, into) in enumerate(zip(keys, parts, strict=True)):
                 if sent < len(cmds) and sent < i + depth:
@@ -330,7 +358,69 @@ class FastIO:
                 raise _ProtocolError("unexpected bytes after the last reply")
             return out
 
-        return self._with_connection(op)
+        got = -1  # failed: its busy period measures no rate
+        self._busy_began()
+        try:
+            out = self._with_connection(op)
+            got = sum(r[1] for r in out if isinstance(r, tuple))
+            return out
+        finally:
+            self._busy_ended(got)
+
+    def window(self, n: int, value: int, sharing: int) -> int:
+        """GETs of a batch of ``n`` values of ``value`` bytes one connection keeps
+        unanswered (``get_depth`` None), ``sharing`` batches being in flight.
+
+        Near: NEAR_WINDOW_BYTES of values, GET_DEPTH at least. The server copies
+        each reply into its output buffers as soon as it reads the GET, so a deeper
+        pipeline only makes it fault in fresh memory for replies not read yet.
+        Far: BDP_GAIN x the path's bandwidth-delay product (the least recent
+        first-byte time x the most bytes/s a recent busy period of loads moved,
+        PRIOR_RATE_BPS until one has) over the ``sharing`` batches, never less
+        than near nor more than ``n``: a GET held back past what the path carries
+        in a round trip costs nothing, one held back short of it a round trip.
+        Reads snapshots of what other threads append to, so it never waits.
+        """
+        near = max(GET_DEPTH, NEAR_WINDOW_BYTES // value)
+        if not self.far:
+            return min(n, near)
+        rates = tuple(self._rate_Bps)
+        rate = max(rates) if rates else PRIOR_RATE_BPS
+        share = BDP_GAIN * self._path_rtt() * rate / max(1, sharing)
+        return min(n, max(near, math.ceil(share / value)))
+
+    def _busy_began(self) -> None:
+        """A load batch starts. One that starts a round trip or more after the last
+        one ended starts a new busy period, and the one before records its rate; a
+        shorter gap (a load thread taking its next batch) continues it."""
+        with self._busy_lock:
+            now = time.perf_counter()
+            if self._busy == 0 and now - self._busy_end >= self._path_rtt():
+                self._record_rate()
+                self._busy_t0, self._busy_bytes, self._busy_failed = now, 0, False
+            self._busy += 1
+
+    def _busy_ended(self, got: int) -> None:
+        """A load batch is done, ``got`` value bytes read (-1: it failed, and its busy
+        period measures no rate)."""
+        with self._busy_lock:
+            self._busy -= 1
+            self._busy_failed |= got < 0
+            self._busy_bytes += max(0, got)
+            self._busy_end = time.perf_counter()
+
+    def _record_rate(self) -> None:
+        """The rate of the busy period that ended: its bytes over its time less one
+        round trip (in which its first GETs travelled and no byte came back), if no
+        batch of it failed and it moved RATE_MIN_BYTES at least. Under _busy_lock."""
+        took = self._busy_end - self._busy_t0 - self._path_rtt()
+        if not self._busy_failed and self._busy_bytes >= RATE_MIN_BYTES and took > 0:
+            self._rate_Bps.append(self._busy_bytes / took)
+
+    def _path_rtt(self) -> float:
+        """The least recent first-byte time; ``rtt_s`` before any batch timed one."""
+        rtts = tuple(self._first_byte_s)
+        return min(rtts) if rtts else self.rtt_s
 
     @staticmethod
     def _read_value(r: _Reader, key: bytes, parts: Sequence[memoryview]
@@ -364,15 +454,15 @@ class FastIO:
 REDIS_PY_SUPPORTED = ">=5.0,<9"
 
 
-def is_far(client: Any, pings: int = 3) -> bool:
-    """Whether the quickest of ``pings`` PINGs took longer than FAR_S (a far server: see
-    get_many)."""
+def ping_rtt(client: Any, pings: int = 3) -> float:
+    """The quickest of ``pings`` PINGs, in seconds: the path's round trip, as far as a
+    busy machine lets it show (FastIO's ``rtt_s`` until its batches time their own)."""
     took = []
     for _ in range(pings):
         t0 = time.perf_counter()
         client.ping()
         took.append(time.perf_counter() - t0)
-    return min(took) > FAR_S
+    return min(took)
 
 
 def raw_socket(conn: Any) -> socket.socket | None:

@@ -1,8 +1,9 @@
 """The redis tier at network distance (a real redis-server behind the delaying proxy of
-kvstore_tiers.tools.netem): a far server gets a load's GETs all at once (a GET held back
-costs a round trip), a near one at most ``GET_DEPTH`` at a time; the load threads'
-connections are open when start-up returns, so a fresh engine's first load pays no
-connection set-up."""
+kvstore_tiers.tools.netem): a fresh engine gets a far server's pipelines whole (what a
+fast link carries in a round trip is more than a pipeline: a GET held back would cost a
+round trip; test_redis_window.py has the window after a load measured the path), a near
+server 4 MiB of values at a time; the load threads' connections are open when start-up
+returns, so a fresh engine's first load pays no connection set-up."""
 
 from __future__ import annotations
 
