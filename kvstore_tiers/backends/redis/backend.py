@@ -141,8 +141,7 @@ class RedisBackend(Backend):
             warm_pool(self.client.connection_pool, cfg.n_read_threads)
         if not cfg.is_cluster and cfg.fast_io and fast_io_supported(self.client):
             self._fast = FastIO(self.client.connection_pool, cfg.retries, backoff().compute,
-                                get_depth=cfg.get_depth, rtt_s=ping_rtt(self.client),
-                                readers=cfg.n_read_threads)
+                                get_depth=cfg.get_depth, rtt_s=ping_rtt(self.client))
 
     def _follow_evictions(self, events: list[str]) -> None:
         cfg = self.config

@@ -82,7 +82,8 @@ class RedisConfig(TierConfig):
         "a near server then builds fewer replies in fresh memory); when it comes later, "
         "the connection's share of 1.5x the bandwidth-delay product (the least first-byte "
         "time x the most bytes/s a recent load moved over all connections, 10 Gbit/s "
-        "until one has), never less (each GET held back short of it costs a round trip).",
+        "until one has), never less than the near window nor more than the pipeline "
+        "(each GET held back short of it costs a round trip).",
     )
     eviction_events: Literal["auto", "on", "off"] = Field(
         "auto", description="Follow the server's evicted/expired keyevents, so this "

@@ -49,7 +49,8 @@ GET_DEPTH = 2
 #: server still counted near, and big values are not built in fresh memory ahead.
 NEAR_WINDOW_BYTES = 4 << 20
 #: A GET's first reply byte later than this (s) marks the server far: then a batch's
-#: GETs all go at once, since each one held back costs a round trip. Above a
+#: window is the connection's share of the bandwidth-delay product (FastIO.window),
+#: since each GET held back short of it costs a round trip. Above a
 #: switch interval's share of waiting for the GIL on a busy engine, so a near
 #: server is not taken for a far one by the time its reader takes to run again.
 FAR_S = 0.004
@@ -161,7 +162,7 @@ class FastIO:
 
     def __init__(self, pool: Any, retries: int, backoff: Callable[[int], float],
                  set_window_bytes: int = SET_WINDOW_BYTES, get_depth: int | None = None,
-                 rtt_s: float = 0.0, readers: int = 1) -> None:
+                 rtt_s: float = 0.0) -> None:
         self.pool = pool
         self.retries = retries
         self.backoff = backoff
@@ -177,8 +178,6 @@ class FastIO:
         #: None); at first, whether ``rtt_s`` is.
         self.far = rtt_s > FAR_S
         self._first_byte_s: deque[float] = deque(maxlen=FAR_SAMPLES)
-        #: Load threads: the batches of a load big enough to matter, sharing the path.
-        self.readers = max(1, readers)
         #: Rates (bytes/s, all connections together) of recent busy periods of loads.
         self._rate_Bps: deque[float] = deque(maxlen=RATE_SAMPLES)
         self._busy_lock = threading.Lock()
@@ -326,14 +325,18 @@ class FastIO:
         fixed = self.get_depth
 
         # The window (see window()): on a near server NEAR_WINDOW_BYTES of values,
-        # on a far one this connection's share of the bandwidth-delay product. The
-        # first GETs go before this batch has timed its first reply byte, while the
-        # load's other batches are starting beside it: a share of all load threads.
+        # on a far one this connection's share of the bandwidth-delay product, shared
+        # by the batches in flight. A load's batches start within a millisecond of
+        # each other, so its first ones ask for more than their share until their
+        # first reply byte; a load of one batch gets the whole product.
         value = max(1, sum(len(p) for p in parts[0])) if parts else 1
         n = len(cmds)
+        tries = 0
 
         def op(conn: Any) -> list[Placed | BaseException]:
-            depth = max(1, fixed) if fixed else self.window(n, value, self.readers)
+            nonlocal tries
+            tries += 1
+            depth = max(1, fixed) if fixed else self.window(n, value, self._busy)
             sent = min(depth, n)
             t0 = time.perf_counter()
             conn.send_packed_command([b"".join(cmds[:sent])], check_health=False)
@@ -358,11 +361,12 @@ class FastIO:
                 raise _ProtocolError("unexpected bytes after the last reply")
             return out
 
-        got = -1  # failed: its busy period measures no rate
+        got = -1  # failed or retried: its busy period measures no rate
         self._busy_began()
         try:
             out = self._with_connection(op)
-            got = sum(r[1] for r in out if isinstance(r, tuple))
+            if tries == 1:  # a retry's time is its backoff's, not the path's
+                got = sum(r[1] for r in out if isinstance(r, tuple))
             return out
         finally:
             self._busy_ended(got)
@@ -374,8 +378,8 @@ class FastIO:
         Near: NEAR_WINDOW_BYTES of values, GET_DEPTH at least. The server copies
         each reply into its output buffers as soon as it reads the GET, so a deeper
         pipeline only makes it fault in fresh memory for replies not read yet.
-        Far: BDP_GAIN x the path's bandwidth-delay product (the least recent
-        first-byte time x the most bytes/s a recent busy period of loads moved,
+        Far: BDP_GAIN x the path's bandwidth-delay product (the least of the recent
+        first-byte times x the most bytes/s a recent busy period of loads moved,
         PRIOR_RATE_BPS until one has) over the ``sharing`` batches, never less
         than near nor more than ``n``: a GET held back past what the path carries
         in a round trip costs nothing, one held back short of it a round trip.
@@ -401,8 +405,8 @@ class FastIO:
             self._busy += 1
 
     def _busy_ended(self, got: int) -> None:
-        """A load batch is done, ``got`` value bytes read (-1: it failed, and its busy
-        period measures no rate)."""
+        """A load batch is done, ``got`` value bytes read (-1: it failed or was retried,
+        and its busy period measures no rate)."""
         with self._busy_lock:
             self._busy -= 1
             self._busy_failed |= got < 0
@@ -418,7 +422,8 @@ class FastIO:
             self._rate_Bps.append(self._busy_bytes / took)
 
     def _path_rtt(self) -> float:
-        """The least recent first-byte time; ``rtt_s`` before any batch timed one."""
+        """The least of the recent first-byte times; ``rtt_s`` before any batch timed
+        one."""
         rtts = tuple(self._first_byte_s)
         return min(rtts) if rtts else self.rtt_s
 

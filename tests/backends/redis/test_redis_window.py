@@ -11,11 +11,14 @@ behind the delaying proxy.
 
 from __future__ import annotations
 
+import socket
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytest
+import redis.exceptions as rexc
 
 from kvstore_tiers.admin.harness import make_keys
 from kvstore_tiers.backends.redis import fastio
@@ -57,8 +60,8 @@ def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     return c
 
 
-def far(rtt_s: float = 0.05, readers: int = 8) -> FastIO:
-    return FastIO(pool=None, retries=0, backoff=lambda _: 0.0, rtt_s=rtt_s, readers=readers)
+def far(rtt_s: float = 0.05) -> FastIO:
+    return FastIO(pool=None, retries=0, backoff=lambda _: 0.0, rtt_s=rtt_s)
 
 
 def busy_period(f: FastIO, clock: Clock, batches: list[int], took_s: float) -> None:
@@ -105,7 +108,7 @@ def test_a_measured_rate_sets_the_next_loads_window(clock: Clock) -> None:
     assert f.window(8, VALUE, 2) == 5
 
 
-def test_batches_a_round_trip_apart_are_one_busy_period(clock: Clock) -> None:
+def test_batches_less_than_a_round_trip_apart_are_one_busy_period(clock: Clock) -> None:
     """A load thread taking its next batch leaves a gap far under a round trip: its
     batches and the ones after it are one load, and their rate is one rate."""
     f = far(rtt_s=0.05)
@@ -116,6 +119,19 @@ def test_batches_a_round_trip_apart_are_one_busy_period(clock: Clock) -> None:
     f._busy_began()
     [rate] = f._rate_Bps
     assert rate == pytest.approx(16 * MiB / (0.201 - 0.05))
+
+
+def test_a_gap_of_a_round_trip_starts_a_new_busy_period(clock: Clock) -> None:
+    f = far(rtt_s=0.05)
+    busy_period(f, clock, [16 * MiB], 0.15)
+    clock.now += 0.04  # under the round trip: the same period goes on
+    busy_period(f, clock, [16 * MiB], 0.15)
+    clock.now += 0.06  # over it: the next batch starts a new one
+    busy_period(f, clock, [16 * MiB], 0.15)
+    clock.now += 1.0
+    f._busy_began()
+    assert list(f._rate_Bps) == [pytest.approx(32 * MiB / (0.34 - 0.05)),
+                                 pytest.approx(16 * MiB / (0.15 - 0.05))]
 
 
 def test_small_or_failed_periods_measure_no_rate(clock: Clock) -> None:
@@ -144,13 +160,123 @@ def test_the_window_takes_the_most_of_recent_rates(clock: Clock) -> None:
     assert f.window(8, VALUE, 2) == 8
 
 
+class FakeConn:
+    """A pooled connection whose server is the test: every GET sent is answered at once
+    (a 3-byte value) on a socket pair, and the clock moves ``took_s`` per send."""
+
+    def __init__(self, clock: Clock, fail: bool = False, took_s: float = 0.0) -> None:
+        self._sock, self.peer = socket.socketpair()
+        self.clock, self.fail, self.took_s = clock, fail, took_s
+        self.sends: list[int] = []
+
+    def send_packed_command(self, cmds: Sequence[bytes], check_health: bool = True) -> None:
+        if self.fail:
+            raise rexc.ConnectionError("connection reset by peer")
+        n = b"".join(cmds).count(b"\r\nGET\r\n")
+        self.sends.append(n)
+        self.clock.now += self.took_s
+        self.peer.sendall(b"$3\r\nabc\r\n" * n)
+
+    def disconnect(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._sock.close()
+        self.peer.close()
+
+
+class FakePool:
+    def __init__(self, *conns: FakeConn) -> None:
+        self.conns = list(conns)
+
+    def get_connection(self, *_: Any) -> FakeConn:
+        return self.conns.pop(0)
+
+    def release(self, conn: FakeConn) -> None:
+        pass
+
+
+def get_batch(f: FastIO, n: int = 8) -> list[Any]:
+    parts = [[memoryview(bytearray(VALUE))] for _ in range(n)]
+    return f.get_many([b"k%d" % i for i in range(n)], parts, None)
+
+
+def test_a_batch_sends_by_the_window_shared_by_the_batches_in_flight(clock: Clock) -> None:
+    """At 5 ms, before a rate is measured: a lone batch gets the whole product (8.9
+    values of 1 MiB: all 8 GETs at once); with another batch in flight, half (4.5: 5
+    GETs first, the rest as replies are read); a fixed get_depth sends by itself."""
+    lone, shared, fixed = FakeConn(clock), FakeConn(clock), FakeConn(clock)
+    try:
+        f = FastIO(FakePool(lone), retries=0, backoff=lambda _: 0.0, rtt_s=0.005)
+        assert f.far
+        assert get_batch(f) == [(3, 3, None)] * 8
+        assert lone.sends == [8]
+        f = FastIO(FakePool(shared), retries=0, backoff=lambda _: 0.0, rtt_s=0.005)
+        f._busy_began()  # another batch of a load, in flight beside the next one
+        assert get_batch(f) == [(3, 3, None)] * 8
+        # then 3 more, 1 as each reply is read: the socket pair's first byte came in
+        # no time, so the round trip the window covers is none (the near window)
+        assert shared.sends == [5, 1, 1, 1]
+        g = FastIO(FakePool(fixed), retries=0, backoff=lambda _: 0.0, get_depth=2,
+                   rtt_s=0.005)
+        assert get_batch(g) == [(3, 3, None)] * 8
+        assert fixed.sends[0] == 2 and sum(fixed.sends) == 8
+    finally:
+        for c in (lone, shared, fixed):
+            c.close()
+
+
+@pytest.mark.parametrize("retried", [False, True], ids=["clean", "retried"])
+def test_a_retried_batch_measures_no_rate(clock: Clock, monkeypatch: pytest.MonkeyPatch,
+                                          retried: bool) -> None:
+    """A batch that got its values on a second connection took its backoff's time, not
+    the path's: its busy period records no rate (a clean one does: 24 bytes over 7
+    sends of 50 ms less one round trip)."""
+    monkeypatch.setattr(fastio, "RATE_MIN_BYTES", 1)
+    conns = [FakeConn(clock, fail=True)] if retried else []
+    conns.append(FakeConn(clock, took_s=0.05))
+    try:
+        f = FastIO(FakePool(*conns), retries=1, backoff=lambda _: 0.0, get_depth=2,
+                   rtt_s=0.05)
+        assert get_batch(f) == [(3, 3, None)] * 8
+        assert conns[-1].sends == [2, 1, 1, 1, 1, 1, 1]  # 2, then one per reply read
+        assert f._busy == 0
+        clock.now += 1.0
+        f._busy_began()
+        assert list(f._rate_Bps) == ([] if retried else [pytest.approx(24 / (0.35 - 0.05))])
+    finally:
+        for c in conns:
+            c.close()
+
+
+def test_a_failed_batch_leaves_no_batch_in_flight_and_no_rate(
+        clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fastio, "RATE_MIN_BYTES", 1)
+    dropped = FakeConn(clock, fail=True)
+    try:
+        f = FastIO(FakePool(dropped), retries=0, backoff=lambda _: 0.0, rtt_s=0.05)
+        f._busy_began()  # a batch beside it that will succeed
+        with pytest.raises(rexc.ConnectionError):
+            get_batch(f)
+        assert f._busy == 1
+        clock.now += 0.5
+        f._busy_ended(32 * MiB)
+        assert f._busy == 0
+        clock.now += 1.0
+        f._busy_began()
+        assert list(f._rate_Bps) == []
+    finally:
+        dropped.close()
+
+
 def test_a_real_load_at_distance_measures_its_rate(redis_server: RedisServer,
                                                    harness_factory: Any) -> None:
-    """Two batches of 8 MiB, one after the other on one load thread, behind a 40 ms
-    round trip: one busy period, whose rate lies between its bytes over the wall time
-    of the lookup and load and its bytes over one round trip (the batches wait one
-    each, and the rate leaves one out)."""
-    rtt_ms, n, row = 40, 16, MiB
+    """Two batches of 8 MiB, one after the other on one load thread, behind a 100 ms
+    round trip (only a gap that long between them would split the load): one busy
+    period, whose rate lies between its bytes over the wall time of the lookup and load
+    and its bytes over one round trip (the batches wait one each, and the rate leaves
+    one out)."""
+    rtt_ms, n, row = 100, 16, MiB
     cfg = {"type": "redis", "url": redis_server.url, "compression": "none",
            "pipeline_batch": 8, "n_read_threads": 1, "n_write_threads": 1,
            "eviction_events": "off"}
